@@ -1,0 +1,71 @@
+"""The task interface: a prompt source plus a verifiable reward."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from actors.tasks.config import TaskConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One prompt of a task's training stream or held-out set."""
+
+    prompt_id: str  # stable, unique: f"{task}/{split}/{index}", e.g. "sort6/train/1234"
+    index: int  # position in its stream (training index, or position in the held-out list)
+    tokens: tuple[int, ...]  # model input: BOS + encoded prompt text
+    answer: tuple[int, ...]  # target completion ids INCLUDING the final EOS
+
+
+class Task(Protocol):
+    """A prompt source plus a verifiable reward.
+
+    Attributes:
+      name: short task name used in prompt ids, e.g. "sort6".
+      max_prompt_len: max len(tokens) over the whole stream.
+      max_completion_len: len(answer); the engine's max_new_tokens.
+    """
+
+    name: str
+    max_prompt_len: int
+    max_completion_len: int
+
+    def prompt(self, index: int) -> Prompt:
+        """Training prompt `index`: a pure function of (task seed, index)."""
+        ...
+
+    def heldout(self) -> list[Prompt]:
+        """The fixed held-out set; independent of the training seed, never in the training stream."""
+        ...
+
+    def reward(self, prompt: Prompt, completion: Sequence[int]) -> float:
+        """Reward of generated ids (may lack EOS, may contain junk ids)."""
+        ...
+
+    def exact_match(self, prompt: Prompt, completion: Sequence[int]) -> bool:
+        """True iff the completion equals the answer up to and including EOS."""
+        ...
+
+
+def make_task(cfg: TaskConfig) -> Task:
+    """Builds the built-in task named by cfg (validating cfg first).
+
+    Args:
+      cfg: the task sub-config.
+
+    Returns:
+      A SortTask or AddReversedTask.
+    """
+    # Imported here: the task modules import this one for Prompt.
+    from actors.tasks.add_reversed import AddReversedTask
+    from actors.tasks.sort import SortTask
+
+    cfg.validate()
+    if cfg.name == "sort":
+        return SortTask(cfg)
+    if cfg.name == "add_reversed":
+        return AddReversedTask(cfg)
+    raise ValueError(f"name: unknown task {cfg.name!r}")
