@@ -1,0 +1,160 @@
+"""Tests for protocols.messages: construction-time validation of every message type."""
+
+import math
+
+import msgspec
+import pytest
+
+from protocols.errors import InvalidMessage, ProtocolError
+from protocols.messages import (
+    MESSAGE_TYPES,
+    Control,
+    EngineTimings,
+    RolloutGroup,
+    WeightsPublished,
+)
+
+
+def make_timings(**overrides) -> EngineTimings:
+    fields = dict(
+        queued_at=100.0, started_at=100.5, finished_at=102.0, generate_seconds=1.5,
+        num_tokens=5, engine="jax",
+    )
+    fields.update(overrides)
+    return EngineTimings(**fields)
+
+
+def make_group(**overrides) -> RolloutGroup:
+    fields = dict(
+        prompt_id="gsm8k-17", task="gsm8k", prompt_tokens=[5, 6, 7],
+        completion_tokens=[[1, 2], [3, 4, 2]],
+        behavior_logprobs=[[-0.5, -0.25], [-1.0, -0.125, -2.0]],
+        rewards=[1.0, 0.0], policy_version=3, actor_id="actor-0", timings=make_timings(),
+    )
+    fields.update(overrides)
+    return RolloutGroup(**fields)
+
+
+def test_valid_group_keeps_its_fields():
+    group = make_group(exact_match=[True, False])
+    assert group.group_size == 2
+    assert group.completion_tokens[1] == [3, 4, 2]
+    assert group.exact_match == [True, False]
+    assert make_group().exact_match is None
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        # SGLang was seen returning more logprobs than tokens.
+        ({"behavior_logprobs": [[-0.5, -0.25], [-1.0, -0.125, -2.0, -3.0]]},
+         "behavior_logprobs[1]: has 4 logprobs for 3 tokens in completion_tokens[1]"),
+        ({"behavior_logprobs": [[-0.5], [-1.0, -0.125, -2.0]]},
+         "behavior_logprobs[0]: has 1 logprobs for 2 tokens in completion_tokens[0]"),
+        ({"behavior_logprobs": [[-0.5, -0.25]]},
+         "behavior_logprobs: has 1 entries for 2 completions in completion_tokens"),
+        ({"rewards": [1.0, 0.0, 1.0]}, "rewards: has 3 entries for 2 completions in completion_tokens"),
+        ({"exact_match": [True]}, "exact_match: has 1 entries for 2 completions in completion_tokens"),
+        ({"completion_tokens": [], "behavior_logprobs": [], "rewards": []},
+         "completion_tokens: a group needs at least 1 completion"),
+        ({"completion_tokens": [[1, 2], [3, -4, 2]]}, "completion_tokens[1]: token ids must be >= 0"),
+        ({"prompt_tokens": [5, -1]}, "prompt_tokens: token ids must be >= 0"),
+        ({"behavior_logprobs": [[-0.5, math.nan], [-1.0, -0.125, -2.0]]},
+         "behavior_logprobs[0][1]: must be finite, got nan"),
+        ({"behavior_logprobs": [[-0.5, -0.25], [-1.0, -math.inf, -2.0]]},
+         "behavior_logprobs[1][1]: must be finite, got -inf"),
+        ({"rewards": [1.0, math.inf]}, "rewards[1]: must be finite, got inf"),
+        ({"policy_version": -1}, "policy_version: must be >= 0, got -1"),
+        ({"prompt_id": ""}, "prompt_id: must be non-empty"),
+    ],
+)
+def test_inconsistent_group_is_rejected_naming_field_and_index(overrides, expected):
+    with pytest.raises(InvalidMessage) as info:
+        make_group(**overrides)
+    assert str(info.value) == f"RolloutGroup.{expected}"
+
+
+def test_invalid_message_is_a_protocol_error_and_a_value_error():
+    with pytest.raises(ProtocolError):
+        make_group(rewards=[1.0])
+    with pytest.raises(ValueError):
+        make_group(rewards=[1.0])
+
+
+def test_empty_completion_is_allowed():
+    group = make_group(completion_tokens=[[], [1]], behavior_logprobs=[[], [-0.5]])
+    assert group.group_size == 2
+
+
+def test_validate_catches_lists_mutated_after_construction():
+    group = make_group()
+    group.behavior_logprobs[0].append(-1.0)
+    with pytest.raises(InvalidMessage, match=r"behavior_logprobs\[0\]: has 3 logprobs for 2"):
+        group.validate()
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"num_tokens": -1}, "EngineTimings.num_tokens: must be >= 0, got -1"),
+        ({"generate_seconds": -0.5}, "EngineTimings.generate_seconds: must be finite and >= 0"),
+        ({"generate_seconds": math.nan}, "EngineTimings.generate_seconds: must be finite and >= 0"),
+    ],
+)
+def test_bad_timings_are_rejected(overrides, expected):
+    with pytest.raises(InvalidMessage, match=expected):
+        make_timings(**overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"version": -1}, "WeightsPublished.version: must be >= 0, got -1"),
+        ({"step": -2}, "WeightsPublished.step: must be >= 0, got -2"),
+        ({"location": ""}, "WeightsPublished.location: must be non-empty"),
+    ],
+)
+def test_bad_weights_published_is_rejected(overrides, expected):
+    fields = dict(version=4, step=40, location="inproc", published_at=123.0)
+    fields.update(overrides)
+    with pytest.raises(InvalidMessage) as info:
+        WeightsPublished(**fields)
+    assert str(info.value) == expected
+
+
+def test_control_defaults_mean_unchanged():
+    control = Control()
+    assert (control.batch_size, control.concurrency, control.max_staleness, control.stop) == (
+        None, None, None, False,
+    )
+    assert Control(max_staleness=0).max_staleness == 0  # fully on-policy is allowed
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"batch_size": 0}, "Control.batch_size: must be >= 1, got 0"),
+        ({"concurrency": 0}, "Control.concurrency: must be >= 1, got 0"),
+        ({"max_staleness": -1}, "Control.max_staleness: must be >= 0, got -1"),
+    ],
+)
+def test_bad_control_is_rejected(overrides, expected):
+    with pytest.raises(InvalidMessage) as info:
+        Control(**overrides)
+    assert str(info.value) == expected
+
+
+def test_messages_are_frozen_and_keyword_only():
+    group = make_group()
+    with pytest.raises(AttributeError):
+        group.policy_version = 4
+    with pytest.raises(TypeError):
+        WeightsPublished(4, 40, "inproc", 123.0)
+
+
+def test_message_types_have_distinct_tags_in_the_type_field():
+    examples = [make_group(), WeightsPublished(version=1, step=2, location="inproc", published_at=0.0),
+                Control(stop=True)]
+    assert [type(m) for m in examples] == list(MESSAGE_TYPES)
+    tags = [msgspec.to_builtins(m)["type"] for m in examples]
+    assert tags == ["rollout_group", "weights_published", "control"]
