@@ -1,0 +1,52 @@
+"""Configuration of the Llama-style decoder (the learner's model, also run by the built-in engine)."""
+
+import dataclasses
+from typing import Literal
+
+DType = Literal["float32", "bfloat16"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a Llama-style decoder-only transformer.
+
+    The default (d_model=64, 2 layers, vocab 64) has about 127k parameters; it is the reference
+    model of the engine benchmark and the tests.
+    """
+
+    vocab_size: int = 64  # number of token ids (embedding rows, logits columns)
+    d_model: int = 64  # residual stream width
+    n_layers: int = 2  # number of decoder layers
+    n_heads: int = 4  # query heads
+    n_kv_heads: int = 2  # key/value heads (grouped-query attention); must divide n_heads
+    d_ff: int = 256  # SwiGLU hidden width
+    max_seq_len: int = 64  # longest sequence (prompt + completion) the model is meant to see
+    rope_theta: float = 10000.0  # RoPE base frequency
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    tie_embeddings: bool = True  # lm_head reuses the token embedding matrix
+    param_dtype: DType = "float32"  # dtype parameters are stored in
+    compute_dtype: DType = "float32"  # dtype of matmuls and activations (norms/softmax stay fp32)
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.d_model // self.n_heads
+
+    def validate(self) -> None:
+        """Raises ValueError("<field>: <problem>") on an inconsistent configuration."""
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: must divide d_model={self.d_model}, got {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads: must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"n_heads: head_dim = d_model / n_heads must be even for RoPE, got {self.head_dim}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta: must be > 0, got {self.rope_theta}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps: must be > 0, got {self.norm_eps}")
+        for name in ("param_dtype", "compute_dtype"):
+            if getattr(self, name) not in ("float32", "bfloat16"):
+                raise ValueError(f"{name}: must be 'float32' or 'bfloat16', got {getattr(self, name)!r}")

@@ -1,0 +1,331 @@
+"""Llama-style decoder (Flax NNX) and its pure, jittable functional API.
+
+Submodule names follow Hugging Face's LlamaForCausalLM (minus its leading ``model.``) so a checkpoint
+loader maps weights one to one: ``embed_tokens``, ``layers[i].self_attn.{q,k,v,o}_proj``,
+``layers[i].mlp.{gate,up,down}_proj``, ``layers[i].{input,post_attention}_layernorm``, ``norm`` and
+``lm_head`` (only when embeddings are untied). Linear kernels are stored ``[in, out]`` (HF stores
+``[out, in]``: transpose on load).
+
+Jitted code works on the params pytree, never on a live module:
+
+    graphdef, params = init_params(cfg, seed=0)
+    fwd = jax.jit(functools.partial(forward, graphdef))
+    logits = fwd(params, tokens, positions, mask)            # [B, T, V] float32
+
+Two layouts meet here. The learner feeds RIGHT-padded rows with ``positions = arange(T)``; the
+engine LEFT-pads prompts with ``positions = clip(cumsum(mask) - 1, 0)``. Either way a real token
+gets the same position, and attention is causal over columns and ignores keys whose mask is False,
+so both layouts give the same logits for real tokens.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from learner.models.config import ModelConfig
+
+# Finite rather than -inf: a query that sees no real key (a padding column) then gets a finite,
+# unused output instead of NaNs that would leak into gradients.
+_MASKED_SCORE = -1e30
+
+
+class KVCache(NamedTuple):
+    """Keys and values of the tokens seen so far, for lock-step decoding of a batch.
+
+    Slots are columns: every row writes its n-th token into slot n, so left-padded rows stay aligned.
+    """
+
+    k: tuple[jax.Array, ...]  # per layer [B, L, n_kv_heads, head_dim]
+    v: tuple[jax.Array, ...]  # per layer [B, L, n_kv_heads, head_dim]
+    mask: jax.Array  # [B, L] bool: slot holds a real token
+    length: jax.Array  # [] int32: number of slots written (the next write goes here)
+
+
+def _dtype(name: str) -> jnp.dtype:
+    return jnp.bfloat16 if name == "bfloat16" else jnp.float32
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks (pure functions first: they are what the NumPy reference tests check).
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm as in HF Llama: normalise in float32, cast back, then scale by ``weight``."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * x32.astype(x.dtype)
+
+
+def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """Rotary tables for the rotate-half convention (HF Llama).
+
+    Args:
+      positions: [B, T] int positions.
+      head_dim: even head width.
+      theta: base frequency.
+
+    Returns:
+      (cos, sin), each [B, T, head_dim] float32; frequencies repeat across the two halves.
+    """
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))  # [Dh/2]
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, Dh]
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates heads ``x`` [B, T, H, Dh] by the tables [B, T, Dh]: x*cos + rotate_half(x)*sin."""
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos[:, :, None] + rotated * sin[:, :, None]).astype(x.dtype)
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+    """Grouped-query attention.
+
+    Args:
+      q: [B, T, H, Dh] queries.
+      k, v: [B, S, KV, Dh] keys/values; each KV head serves H / KV query heads.
+      allowed: [B, T, S] bool, which keys each query may see.
+
+    Returns:
+      [B, T, H * Dh].
+    """
+    b, t, h, dh = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, t, kv, h // kv, dh)  # [B, T, KV, G, Dh]
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))
+    scores = jnp.where(allowed[:, None, None], scores, _MASKED_SCORE)  # [B, KV, G, T, S]
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B, T, KV, G, Dh]
+    return out.reshape(b, t, h * dh)
+
+
+# ----------------------------------------------------------------------------------------------
+# Modules.
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm with an HF-named ``weight`` parameter."""
+
+    def __init__(self, dim: int, eps: float, param_dtype: jnp.dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return rms_norm(x, self.weight[...].astype(x.dtype), self.eps)
+
+
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs) -> nnx.Linear:
+    # Where Qwen-style q/k/v biases come in later: pass use_bias from the config here.
+    return nnx.Linear(
+        d_in,
+        d_out,
+        use_bias=False,
+        dtype=_dtype(cfg.compute_dtype),
+        param_dtype=_dtype(cfg.param_dtype),
+        rngs=rngs,
+    )
+
+
+class Attention(nnx.Module):
+    """Causal GQA self-attention with RoPE and an optional KV cache."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        dh = cfg.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, dh
+        self.q_proj = _linear(cfg, cfg.d_model, cfg.n_heads * dh, rngs)
+        self.k_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs)
+        self.v_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs)
+        self.o_proj = _linear(cfg, cfg.n_heads * dh, cfg.d_model, rngs)
+
+    def __call__(self, x, cos, sin, allowed, kv=None, start=None):
+        """x [B, T, D]; cos/sin [B, T, Dh]; allowed [B, T, S]; kv: (k, v) cache slabs or None.
+
+        With a cache, this call's keys/values are written at slot ``start`` and attention runs over
+        all S cache slots; without one, S == T.
+        """
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is not None:
+            k_cache, v_cache = kv
+            k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, start, 0, 0))
+            v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, start, 0, 0))
+            kv = (k, v)
+        return self.o_proj(_attend(q, k, v, allowed)), kv
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.gate_proj = _linear(cfg, cfg.d_model, cfg.d_ff, rngs)
+        self.up_proj = _linear(cfg, cfg.d_model, cfg.d_ff, rngs)
+        self.down_proj = _linear(cfg, cfg.d_ff, cfg.d_model, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        pdt = _dtype(cfg.param_dtype)
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, pdt)
+        self.self_attn = Attention(cfg, rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, pdt)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, cos, sin, allowed, kv=None, start=None):
+        h, kv = self.self_attn(self.input_layernorm(x), cos, sin, allowed, kv, start)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
+
+
+class Llama(nnx.Module):
+    """Decoder-only transformer; ``__call__`` returns final-normed hidden states, ``logits`` maps them."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        cdt, pdt = _dtype(cfg.compute_dtype), _dtype(cfg.param_dtype)
+        self.embed_tokens = nnx.Embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            dtype=cdt,
+            param_dtype=pdt,
+            embedding_init=nnx.initializers.normal(stddev=0.02),  # HF initializer_range
+            rngs=rngs,
+        )
+        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.n_layers)])
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, pdt)
+        if not cfg.tie_embeddings:
+            self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, rngs)
+
+    def __call__(self, tokens, positions, mask, cache: KVCache | None = None):
+        """tokens/positions [B, T] int32, mask [B, T] bool -> (hidden [B, T, D], updated cache or None)."""
+        t = tokens.shape[1]
+        x = self.embed_tokens(tokens)  # [B, T, D]
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        if cache is None:
+            start = None
+            causal = jnp.tril(jnp.ones((t, t), bool))  # [T, T]
+            allowed = causal[None] & mask[:, None, :]  # [B, T, T]
+        else:
+            start = cache.length
+            key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, start))  # [B, L]
+            slots = jnp.arange(key_mask.shape[1])
+            causal = slots[None, :] <= (start + jnp.arange(t))[:, None]  # [T, L]
+            allowed = causal[None] & key_mask[:, None, :]  # [B, T, L]
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            x, kv = layer(x, cos, sin, allowed, kv, start)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+        if cache is not None:
+            cache = KVCache(tuple(new_k), tuple(new_v), key_mask, start + t)
+        return self.norm(x), cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden [..., D] -> float32 logits [..., V] (tied: hidden @ embed_tokens.T)."""
+        if self.cfg.tie_embeddings:
+            out = self.embed_tokens.attend(hidden)
+        else:
+            out = self.lm_head(hidden)
+        return out.astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure functional API (graphdef is bound with functools.partial, params are traced).
+
+
+def init_params(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
+    """Builds the model and splits it into (graphdef, params) with ``nnx.split``."""
+    cfg.validate()
+    return nnx.split(Llama(cfg, nnx.Rngs(seed)))
+
+
+def count_params(params) -> int:
+    """Number of scalars in a params pytree."""
+    return int(sum(x.size for x in jax.tree.leaves(params)))
+
+
+def forward(graphdef, params, tokens, positions, mask) -> jax.Array:
+    """Full-sequence forward pass.
+
+    Args:
+      graphdef, params: from ``init_params``.
+      tokens, positions: [B, T] int32.
+      mask: [B, T] bool, True for real tokens. Attention is causal over columns and ignores keys
+        where mask is False.
+
+    Returns:
+      [B, T, V] float32 logits.
+    """
+    model = nnx.merge(graphdef, params)
+    hidden, _ = model(tokens, positions, mask)
+    return model.logits(hidden)
+
+
+def token_logprobs(graphdef, params, tokens, positions, mask, *, temperature=1.0) -> jax.Array:
+    """Log-probabilities of each token given its prefix.
+
+    Args:
+      graphdef, params, tokens, positions, mask: as for ``forward``.
+      temperature: logits are divided by it first (match the engine's sampling temperature).
+
+    Returns:
+      [B, T] float32: log softmax(logits[:, t-1] / temperature)[tokens[:, t]]; column 0 and
+      columns where mask is False are 0.
+    """
+    logits = forward(graphdef, params, tokens, positions, mask)[:, :-1] / temperature  # [B, T-1, V]
+    picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]  # [B, T-1]
+    logp = picked - jax.nn.logsumexp(logits, axis=-1)
+    logp = jnp.where(mask[:, 1:], logp, 0.0)
+    return jnp.concatenate([jnp.zeros_like(logp[:, :1]), logp], axis=1)
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
+    """An empty cache with ``max_len`` slots per row, in the compute dtype."""
+    shape = (batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+    dt = _dtype(cfg.compute_dtype)
+    zeros = tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layers))
+    return KVCache(zeros, zeros, jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
+
+
+def prefill(graphdef, params, cache: KVCache, tokens, positions, mask) -> tuple[jax.Array, KVCache]:
+    """Writes a (left-padded) prompt block into the cache.
+
+    Args:
+      cache: from ``init_cache`` (or partly filled; the block goes at slot ``cache.length``).
+      tokens, positions, mask: [B, P] as for ``forward``.
+
+    Returns:
+      (logits [B, V] float32 of the block's last column, updated cache).
+    """
+    model = nnx.merge(graphdef, params)
+    hidden, cache = model(tokens, positions, mask, cache)
+    return model.logits(hidden[:, -1]), cache
+
+
+def decode_step(graphdef, params, cache: KVCache, tokens, positions) -> tuple[jax.Array, KVCache]:
+    """Feeds one real token per row at slot ``cache.length``.
+
+    Args:
+      tokens, positions: [B] int32.
+
+    Returns:
+      (logits [B, V] float32 for the next token, updated cache).
+    """
+    model = nnx.merge(graphdef, params)
+    mask = jnp.ones((tokens.shape[0], 1), bool)
+    hidden, cache = model(tokens[:, None], positions[:, None], mask, cache)
+    return model.logits(hidden[:, 0]), cache
