@@ -75,16 +75,18 @@ class Codec:
         self._tag_decoder = msgspec.msgpack.Decoder(_TagOnly)
 
     def encode(self, msg: Message) -> bytes:
-        """Validates `msg` and returns its envelope bytes.
+        """Returns the envelope bytes of `msg`.
+
+        The message was validated when it was constructed, so it is not validated again here
+        (that would double the cost for large groups); lists mutated after construction are caught
+        by the receiver's decode-time validation.
 
         Raises:
           TypeError: msg is not a Cadence message.
-          InvalidMessage: msg is inconsistent (lists mutated after construction).
           MessageTooLarge: the encoding exceeds max_bytes.
         """
         if not isinstance(msg, MESSAGE_TYPES):
             raise TypeError(f"cannot encode {type(msg).__name__}: not a Cadence message")
-        msg.validate()  # lists inside a frozen Struct can still be mutated after construction
         data = self._encoder.encode((MAGIC, SCHEMA_VERSION, msg))
         if len(data) > self.max_bytes:
             raise MessageTooLarge(

@@ -88,11 +88,12 @@ def test_decode_rejects_str_and_encode_rejects_non_messages():
         encode({"type": "control"})
 
 
-def test_encode_rejects_a_group_mutated_into_inconsistency():
+def test_a_group_mutated_into_inconsistency_is_rejected_by_the_receiver():
     group = make_group()
     group.rewards.append(0.5)
+    data = encode(group)  # construction validated it; encode does not pay for that twice
     with pytest.raises(InvalidMessage, match="rewards: has 3 entries for 2 completions"):
-        encode(group)
+        decode(data)
 
 
 def test_every_truncation_is_rejected_as_truncated():
