@@ -1,0 +1,254 @@
+"""The built-in JAX generation engine: batched sampling with a KV cache, one jitted loop per call.
+
+Prompts are LEFT-padded so every row decodes in lock-step (row r's n-th completion token sits in
+the same cache slot for all rows), with positions ``clip(cumsum(mask) - 1, 0)`` so that a real token
+has the same position as in the learner's right-padded layout. Shapes are bucketed (batch up to the
+next ``batch_buckets`` entry, prompt length up to a multiple of ``prompt_bucket``, ``max_new_tokens``
+fixed) so a run compiles only a handful of programs; temperature, top-p and greedy are traced
+arguments, so changing them never recompiles.
+
+Behavior logprobs (what the learner's off-policy correction needs) are, for each sampled token,
+``log_softmax(logits / temperature)[token]``: the temperature-scaled distribution BEFORE top-p
+truncation. The learner recomputes exactly that with ``token_logprobs(..., temperature=T)``. In
+greedy mode they are ``log_softmax(logits)[token]`` (temperature 1).
+"""
+
+import dataclasses
+import functools
+import math
+import time
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from learner.models import llama
+from learner.models.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Settings of the built-in JAX engine."""
+
+    max_new_tokens: int = 8  # completion tokens per request (fixed: part of the compiled shape)
+    temperature: float = 1.0  # default sampling temperature (> 0); traced, may be overridden per call
+    top_p: float = 1.0  # default nucleus mass in (0, 1]; 1 disables truncation
+    batch_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)  # batch sizes compiled; larger calls are chunked
+    prompt_bucket: int = 8  # prompt lengths are padded up to a multiple of this
+
+    def validate(self) -> None:
+        """Raises ValueError("<field>: <problem>")."""
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature: must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if not self.batch_buckets:
+            raise ValueError("batch_buckets: must not be empty")
+        if any(b < 1 for b in self.batch_buckets) or list(self.batch_buckets) != sorted(set(self.batch_buckets)):
+            raise ValueError(f"batch_buckets: must be positive and strictly increasing, got {self.batch_buckets}")
+        if self.prompt_bucket < 1:
+            raise ValueError(f"prompt_bucket: must be >= 1, got {self.prompt_bucket}")
+
+
+class GenerationResult(NamedTuple):
+    """Completions, one row per request, as NumPy arrays."""
+
+    tokens: np.ndarray  # [N, max_new_tokens] int32 completion ids, pad_id after the end
+    logprobs: np.ndarray  # [N, max_new_tokens] float32 behavior logprobs of the sampled tokens, 0 after the end
+    lengths: np.ndarray  # [N] int32 completion length, including the EOS token if one was produced
+    seconds: float  # wall time of the whole generate call (host prep, device loop, transfer back)
+    num_tokens: int  # generated tokens (sum of lengths)
+
+
+def sample_token(logits, key, temperature, top_p, greedy):
+    """Picks one token per row.
+
+    Args:
+      logits: [B, V] float32.
+      key: PRNG key.
+      temperature: [] float, > 0.
+      top_p: [] float in (0, 1]: sample from the smallest set of most likely tokens whose
+        (temperature-scaled) probability reaches top_p.
+      greedy: [] bool: take the argmax instead of sampling.
+
+    Returns:
+      (token [B] int32, logprob [B] float32) with logprob = log_softmax(logits / temperature)[token]
+      (before top-p truncation), or log_softmax(logits)[token] when greedy.
+    """
+
+    def pick_greedy(_):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), jax.nn.log_softmax(logits, axis=-1)
+
+    def pick_sampled(_):
+        logp = jax.nn.log_softmax(logits / temperature, axis=-1)  # [B, V]
+
+        def nucleus(lp):
+            sorted_lp = -jnp.sort(-lp, axis=-1)  # [B, V] descending
+            probs = jnp.exp(sorted_lp)
+            # Keep a token while the mass strictly before it is below top_p (the first always stays).
+            n_keep = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < top_p, axis=-1, keepdims=True)
+            cutoff = jnp.take_along_axis(sorted_lp, n_keep - 1, axis=-1)  # [B, 1]
+            return jnp.where(lp >= cutoff, lp, -jnp.inf)
+
+        truncated = jax.lax.cond(top_p < 1.0, nucleus, lambda lp: lp, logp)
+        return jax.random.categorical(key, truncated, axis=-1).astype(jnp.int32), logp
+
+    token, logp = jax.lax.cond(greedy, pick_greedy, pick_sampled, None)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask, active, rng, temperature, top_p, greedy):
+    """The whole generation for one bucket: prefill, then a while-loop of decode steps.
+
+    tokens/mask [B, P] left-padded prompt block; active [B] bool (False for bucket-filler rows).
+    Returns (tokens [B, M] int32, logprobs [B, M] float32, lengths [B] int32).
+    """
+    b, p = tokens.shape
+    positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)  # [B, P]
+    prompt_len = jnp.sum(mask, axis=1).astype(jnp.int32)  # [B] = position of the first new token
+    # The last sampled token is never fed back, hence M - 1 decode slots.
+    cache = llama.init_cache(model_cfg, b, p + max_new - 1)
+    logits, cache = llama.prefill(graphdef, params, cache, tokens, positions, mask)
+
+    def record(i, tok, lp, out_tok, out_lp, lengths, done):
+        out_tok = out_tok.at[:, i].set(jnp.where(done, pad_id, tok))
+        out_lp = out_lp.at[:, i].set(jnp.where(done, 0.0, lp))
+        lengths = lengths + (~done).astype(jnp.int32)
+        return out_tok, out_lp, lengths, done | (tok == eos_id)
+
+    tok, lp = sample_token(logits, jax.random.fold_in(rng, 0), temperature, top_p, greedy)
+    init = record(
+        0,
+        tok,
+        lp,
+        jnp.full((b, max_new), pad_id, jnp.int32),
+        jnp.zeros((b, max_new), jnp.float32),
+        jnp.zeros((b,), jnp.int32),
+        ~active,
+    )
+
+    def cond(carry):
+        i, _, _, _, _, _, done = carry
+        return (i < max_new) & ~jnp.all(done)
+
+    def body(carry):
+        i, cache, tok, out_tok, out_lp, lengths, done = carry
+        logits, cache = llama.decode_step(graphdef, params, cache, tok, prompt_len + i - 1)
+        tok, lp = sample_token(logits, jax.random.fold_in(rng, i), temperature, top_p, greedy)
+        out_tok, out_lp, lengths, done = record(i, tok, lp, out_tok, out_lp, lengths, done)
+        return i + 1, cache, tok, out_tok, out_lp, lengths, done
+
+    out_tok, out_lp, lengths, done = init
+    carry = (jnp.int32(1), cache, tok, out_tok, out_lp, lengths, done)
+    _, _, _, out_tok, out_lp, lengths, _ = jax.lax.while_loop(cond, body, carry)
+    return out_tok, out_lp, lengths
+
+
+class JaxEngine:
+    """Batched sampler for the learner's Llama model; see the module docstring for the contract."""
+
+    def __init__(self, model_cfg: ModelConfig, graphdef, cfg: EngineConfig, eos_id: int, pad_id: int):
+        """Args: model_cfg/graphdef of the model to run; cfg; eos_id (an id outside the vocabulary
+        disables stopping); pad_id written after a completion's end."""
+        model_cfg.validate()
+        cfg.validate()
+        self.model_cfg, self.cfg = model_cfg, cfg
+        self.eos_id, self.pad_id = int(eos_id), int(pad_id)
+        self._generate = jax.jit(
+            functools.partial(_generate, graphdef, model_cfg, cfg.max_new_tokens, self.eos_id, self.pad_id)
+        )
+        self._shapes: set[tuple[int, int]] = set()
+
+    @property
+    def compiled_shapes(self) -> frozenset[tuple[int, int]]:
+        """(batch bucket, prompt bucket) pairs generated so far."""
+        return frozenset(self._shapes)
+
+    @property
+    def num_compilations(self) -> int:
+        """Programs compiled so far (from jit's own cache, so accidental recompiles show too)."""
+        size = getattr(self._generate, "_cache_size", None)
+        return size() if size is not None else len(self._shapes)
+
+    def batch_bucket(self, n: int) -> int:
+        """Smallest batch bucket holding n rows (the largest one if n exceeds it: calls are chunked)."""
+        for b in self.cfg.batch_buckets:
+            if n <= b:
+                return b
+        return self.cfg.batch_buckets[-1]
+
+    def generate(
+        self,
+        params,
+        prompts: Sequence[Sequence[int]],
+        rng: jax.Array,
+        *,
+        greedy: bool = False,
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> GenerationResult:
+        """Generates ``max_new_tokens`` (or up to EOS) for each prompt.
+
+        Args:
+          params: model params pytree (from ``init_params`` or the learner).
+          prompts: N non-empty token-id sequences (include BOS yourself), of any lengths.
+          rng: PRNG key; the same key, prompts and bucket give the same samples.
+          greedy: argmax decoding; behavior logprobs are then log_softmax(logits) (T = 1).
+          temperature, top_p: override the config's defaults for this call (no recompile).
+
+        Returns:
+          GenerationResult; logprobs are log_softmax(logits / temperature)[token], the scaled
+          distribution before top-p truncation.
+        """
+        start = time.perf_counter()
+        temperature = self.cfg.temperature if temperature is None else float(temperature)
+        top_p = self.cfg.top_p if top_p is None else float(top_p)
+        if not temperature > 0:
+            raise ValueError(f"temperature: must be > 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
+        n = len(prompts)
+        m = self.cfg.max_new_tokens
+        if n == 0:
+            empty = np.zeros((0, m), np.int32)
+            return GenerationResult(empty, empty.astype(np.float32), np.zeros((0,), np.int32), 0.0, 0)
+        lens = [len(p) for p in prompts]
+        if min(lens) < 1:
+            raise ValueError("prompts: every prompt needs at least one token (e.g. BOS)")
+        if max(lens) + m > self.model_cfg.max_seq_len:
+            raise ValueError(
+                f"prompts: longest prompt ({max(lens)}) + max_new_tokens ({m}) exceeds "
+                f"max_seq_len ({self.model_cfg.max_seq_len})"
+            )
+        scalars = (np.float32(temperature), np.float32(top_p), np.bool_(greedy))
+        chunk = self.cfg.batch_buckets[-1]
+        starts = list(range(0, n, chunk))
+        keys = [rng] if len(starts) == 1 else list(jax.random.split(rng, len(starts)))
+        outs = []
+        for key, lo in zip(keys, starts):
+            rows = prompts[lo : lo + chunk]
+            tokens, mask, active = self._pack(rows, lens[lo : lo + chunk])
+            self._shapes.add(tokens.shape)
+            outs.append(self._generate(params, tokens, mask, active, key, *scalars))
+        # One transfer for everything, then drop the bucket-filler rows.
+        outs = jax.device_get(outs)
+        out_tok = np.concatenate([o[0][: min(chunk, n - lo)] for o, lo in zip(outs, starts)])
+        out_lp = np.concatenate([o[1][: min(chunk, n - lo)] for o, lo in zip(outs, starts)])
+        lengths = np.concatenate([o[2][: min(chunk, n - lo)] for o, lo in zip(outs, starts)])
+        return GenerationResult(out_tok, out_lp, lengths, time.perf_counter() - start, int(lengths.sum()))
+
+    def _pack(self, prompts, lens):
+        """Left-pads prompts into the bucketed block: tokens/mask [B, P], active [B]."""
+        b = self.batch_bucket(len(prompts))
+        p = self.cfg.prompt_bucket * math.ceil(max(lens) / self.cfg.prompt_bucket)
+        tokens = np.full((b, p), self.pad_id, np.int32)
+        mask = np.zeros((b, p), bool)
+        for r, (prompt, n) in enumerate(zip(prompts, lens)):
+            tokens[r, p - n :] = prompt
+            mask[r, p - n :] = True
+        active = np.zeros((b,), bool)
+        active[: len(prompts)] = True
+        return tokens, mask, active
