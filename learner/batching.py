@@ -1,0 +1,154 @@
+"""Rollout groups -> fixed-shape microbatches for the jitted train step (host-side NumPy).
+
+Layout of one sample (row) of length seq_len:
+
+  tokens             [p0 p1 .. pP-1 c0 c1 .. cC-1 pad .. pad]   prompt (as the actor encoded it,
+                                                                 BOS included) + completion
+  mask               [1  1  .. 1    1  1  .. 1    0   .. 0  ]   real tokens
+  loss_mask          [0  0  .. 0    1  1  .. 1    0   .. 0  ]   completion tokens
+  behavior_logprobs  [0  0  .. 0    b0 b1 .. bC-1 0   .. 0  ]   sampler's log p(c_j), aligned with c_j
+
+Token t's log-prob comes from logits[t - 1], so the prompt must hold at least one token. A
+completion that does not fit is cut at seq_len (counted in stats["truncated_samples"]). Every
+microbatch has exactly [microbatch_size, seq_len]; the last is filled with padding rows (all-zero
+loss_mask), which contribute nothing, so the jitted step never sees a new shape.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from learner.algorithms.grpo import group_advantages
+
+
+class Microbatch(NamedTuple):
+    """One fixed-shape microbatch (NumPy or device arrays)."""
+
+    tokens: Any  # [M, T] int32: prompt + completion, right-padded with pad_id
+    positions: Any  # [M, T] int32: arange(T)
+    mask: Any  # [M, T] bool: real (non-padding) tokens
+    loss_mask: Any  # [M, T] float32: 1 on completion tokens
+    behavior_logprobs: Any  # [M, T] float32: sampler log-probs aligned with tokens, 0 elsewhere
+    advantages: Any  # [M] float32: one advantage per sample
+
+
+def empty_microbatch(microbatch_size: int, seq_len: int, pad_id: int) -> Microbatch:
+    """A microbatch of padding rows only (contributes nothing to the loss)."""
+    m, t = microbatch_size, seq_len
+    return Microbatch(
+        tokens=np.full((m, t), pad_id, np.int32),
+        positions=np.broadcast_to(np.arange(t, dtype=np.int32), (m, t)).copy(),
+        mask=np.zeros((m, t), bool),
+        loss_mask=np.zeros((m, t), np.float32),
+        behavior_logprobs=np.zeros((m, t), np.float32),
+        advantages=np.zeros((m,), np.float32),
+    )
+
+
+def _advantages_per_group(groups: Sequence[Any], grpo_cfg) -> list[np.ndarray]:
+    """Group advantages, one [G] array per group; groups of equal size are computed together."""
+    by_size: dict[int, list[int]] = defaultdict(list)
+    for i, group in enumerate(groups):
+        by_size[len(group.rewards)].append(i)
+    out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(groups)
+    cpu = jax.devices("cpu")[0]  # tiny host-side op: keep it off the accelerator
+    for size, idx in by_size.items():
+        rewards = np.asarray([groups[i].rewards for i in idx], np.float32).reshape(len(idx), size)
+        with jax.default_device(cpu):
+            adv = np.asarray(group_advantages(rewards, grpo_cfg.scale_by_std, grpo_cfg.std_eps))
+        for row, i in enumerate(idx):
+            out[i] = adv[row]
+    return out
+
+
+def build_microbatches(
+    groups: Sequence[Any], seq_len: int, microbatch_size: int, pad_id: int, grpo_cfg
+) -> tuple[list[Microbatch], dict]:
+    """Lays out rollout groups as fixed-shape microbatches with their group advantages.
+
+    Args:
+      groups: RolloutGroup-like objects (prompt_tokens, completion_tokens, behavior_logprobs,
+        rewards, policy_version are read).
+      seq_len: T, the fixed row length (prompt + completion).
+      microbatch_size: M, rows per microbatch.
+      pad_id: token id of padding.
+      grpo_cfg: GRPOConfig (scale_by_std, std_eps).
+
+    Returns:
+      (microbatches, stats). stats: num_tokens (total completion tokens kept: the global
+      normalizer of the loss), num_samples, num_groups, num_microbatches, reward_mean, reward_std,
+      zero_advantage_group_frac (groups with equal rewards: no signal), completion_len_mean,
+      completion_len_max, truncated_samples, policy_version_min / _max / _mean.
+
+    Raises:
+      ValueError: empty input, a prompt that is empty or leaves no room in seq_len, or behavior
+        logprobs / rewards whose lengths do not match the completions.
+    """
+    if not groups:
+        raise ValueError("build_microbatches: no groups")
+    for g in groups:
+        n = len(g.completion_tokens)
+        if len(g.rewards) != n or len(g.behavior_logprobs) != n:
+            raise ValueError(
+                f"group {g.prompt_id!r}: {n} completions, {len(g.rewards)} rewards, "
+                f"{len(g.behavior_logprobs)} behavior logprob lists"
+            )
+        if not 0 < len(g.prompt_tokens) < seq_len:
+            raise ValueError(
+                f"group {g.prompt_id!r}: prompt of {len(g.prompt_tokens)} tokens needs "
+                f"1 <= length < seq_len ({seq_len})"
+            )
+
+    advantages = _advantages_per_group(groups, grpo_cfg)
+    num_samples = sum(len(g.completion_tokens) for g in groups)
+    num_mb = max(1, -(-num_samples // microbatch_size))
+    rows = empty_microbatch(num_mb * microbatch_size, seq_len, pad_id)  # all rows, then split
+
+    row, truncated, lengths = 0, 0, []
+    for g, adv in zip(groups, advantages):
+        prompt = np.asarray(g.prompt_tokens, np.int32)
+        p = len(prompt)
+        for completion, behavior, a in zip(g.completion_tokens, g.behavior_logprobs, adv):
+            if len(behavior) != len(completion):
+                raise ValueError(
+                    f"group {g.prompt_id!r}: completion of {len(completion)} tokens has "
+                    f"{len(behavior)} behavior logprobs"
+                )
+            c = min(len(completion), seq_len - p)
+            truncated += c < len(completion)
+            lengths.append(c)
+            rows.tokens[row, :p] = prompt
+            rows.tokens[row, p : p + c] = np.asarray(completion[:c], np.int32)
+            rows.mask[row, : p + c] = True
+            rows.loss_mask[row, p : p + c] = 1.0
+            rows.behavior_logprobs[row, p : p + c] = np.asarray(behavior[:c], np.float32)
+            rows.advantages[row] = a
+            row += 1
+
+    microbatches = [
+        Microbatch(*(field[i * microbatch_size : (i + 1) * microbatch_size] for field in rows))
+        for i in range(num_mb)
+    ]
+    rewards = np.concatenate([np.asarray(g.rewards, np.float64).reshape(-1) for g in groups])
+    versions = np.asarray([g.policy_version for g in groups], np.int64)
+    zero_adv = [bool(np.all(a == 0)) for a in advantages]
+    stats = {
+        "num_tokens": int(sum(lengths)),
+        "num_samples": num_samples,
+        "num_groups": len(groups),
+        "num_microbatches": num_mb,
+        "reward_mean": float(rewards.mean()) if rewards.size else 0.0,
+        "reward_std": float(rewards.std()) if rewards.size else 0.0,
+        "zero_advantage_group_frac": float(np.mean(zero_adv)),
+        "completion_len_mean": float(np.mean(lengths)) if lengths else 0.0,
+        "completion_len_max": int(max(lengths, default=0)),
+        "truncated_samples": int(truncated),
+        "policy_version_min": int(versions.min()),
+        "policy_version_max": int(versions.max()),
+        "policy_version_mean": float(versions.mean()),
+    }
+    return microbatches, stats
