@@ -1,0 +1,184 @@
+"""The jitted GRPO train step: gradient accumulation over fixed-shape microbatches, one Adam update.
+
+Host loop per update (TrainStep.update):
+  grads = zeros(params)
+  for mb in microbatches:  grads, stats = accumulate(params, grads, mb, num_tokens)  # grads donated
+  params, opt_state, grad_norm = apply(params, opt_state, grads)                     # grads donated
+
+The loss of each microbatch is normalized by the GLOBAL completion-token count of the batch, so the
+accumulated gradient is exactly the full-batch gradient. Shapes are fixed by microbatch_size and
+seq_len and num_tokens is a traced scalar, so a new number of microbatches (a new batch size) or new
+hyperparameters (arrays in opt_state) never recompile; `cache_sizes()` lets tests assert that.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from learner import optimizer as optim
+from learner.algorithms.grpo import finalize_metrics, grpo_token_loss
+from learner.algorithms.logprobs import token_logprobs_and_entropy
+from learner.batching import Microbatch
+from learner.config import LearnerConfig
+
+# logits_fn(params, tokens [B, T], positions [B, T], mask [B, T]) -> logits [B, T, V]
+LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+class LearnerState(NamedTuple):
+    """Everything the train step updates."""
+
+    params: Any  # model parameters (any pytree, e.g. an nnx.State)
+    opt_state: Any  # optax state of make_optimizer (hyperparameters inside)
+    step: int  # host int: optimizer updates applied so far
+
+
+def _sum_squares(tree) -> jax.Array:
+    leaves = jax.tree.leaves(tree)
+    return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
+
+
+class TrainStep:
+    """GRPO learner update over a list of microbatches (see the module docstring).
+
+    Args:
+      logits_fn: pure function (params, tokens, positions, mask) -> logits [B, T, V], e.g.
+        functools.partial(learner.models.llama.forward, graphdef).
+      cfg: LearnerConfig (optimizer and grpo are read).
+      donate_state: also donate params and opt_state to `apply` (saves one copy of each in device
+        memory). Only safe if nothing else holds the previous params, e.g. an in-process actor
+        still sampling with the published weights; off by default for that reason.
+    """
+
+    def __init__(self, logits_fn: LogitsFn, cfg: LearnerConfig, *, donate_state: bool = False):
+        self.cfg = cfg
+        self.optimizer = optim.make_optimizer(cfg.optimizer)
+        self._logits_fn = logits_fn
+        self._metric_keys: tuple[str, ...] | None = None
+
+        self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params))
+        self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(1,))
+        self._apply = jax.jit(self._apply_impl, donate_argnums=(2, 0, 1) if donate_state else (2,))
+
+    # ---- pure functions (traced) ----
+
+    def loss_fn(self, params, mb: Microbatch, num_tokens) -> tuple[jax.Array, dict]:
+        """GRPO loss of one microbatch normalized by the global token count; (loss, metrics)."""
+        grpo = self.cfg.grpo
+        logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
+        logprobs, entropy = token_logprobs_and_entropy(logits, mb.tokens, grpo.temperature)
+        return grpo_token_loss(
+            logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
+            entropy=entropy,
+        )
+
+    def _accumulate_impl(self, params, grads, mb: Microbatch, num_tokens):
+        (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
+            params, mb, num_tokens
+        )
+        grads = jax.tree.map(jnp.add, grads, mb_grads)
+        # One small vector per microbatch: the metrics (additive) and this microbatch's grad-norm^2,
+        # fetched together at the end of the update.
+        stats = jnp.stack([metrics[k].astype(jnp.float32) for k in self._metric_keys]
+                          + [_sum_squares(mb_grads)])  # [K + 1]
+        return grads, stats
+
+    def _apply_impl(self, params, opt_state, grads):
+        grad_norm = optax.tree.norm(grads)  # before clipping
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, grad_norm
+
+    # ---- host API ----
+
+    def init(self, params) -> LearnerState:
+        """A fresh learner state (Adam moments at zero, step 0) for `params`."""
+        return LearnerState(params=params, opt_state=self.optimizer.init(params), step=0)
+
+    def accumulate_gradients(
+        self, params, microbatches: Sequence[Microbatch], num_tokens: int
+    ) -> tuple[Any, list[jax.Array]]:
+        """The full-batch gradient, summed over microbatches (asynchronous device values).
+
+        Returns:
+          (grads like params, per-microbatch stats: one [K + 1] float32 vector each, the
+          additive metrics in `metric_keys` order followed by that microbatch's grad-norm^2).
+        """
+        if not microbatches:
+            raise ValueError("update: no microbatches")
+        if self._metric_keys is None:  # trace once abstractly (no compile) for the metric names
+            _, shapes = jax.eval_shape(self.loss_fn, params, microbatches[0], jnp.float32(1.0))
+            self._metric_keys = tuple(sorted(shapes))
+        device_mbs = jax.device_put(list(microbatches))  # start all host->device copies at once
+        n = jnp.asarray(max(int(num_tokens), 1), jnp.float32)  # strong f32: one jit signature
+        grads = self._zeros(params)
+        per_mb = []
+        for mb in device_mbs:
+            grads, stats = self._accumulate(params, grads, mb, n)
+            per_mb.append(stats)
+        return grads, per_mb
+
+    @property
+    def metric_keys(self) -> tuple[str, ...]:
+        """Names of the additive loss metrics (known after the first accumulate_gradients)."""
+        return self._metric_keys or ()
+
+    def update(
+        self, state: LearnerState, microbatches: Sequence[Microbatch], num_tokens: int
+    ) -> tuple[LearnerState, dict]:
+        """One optimizer step on the whole batch given as fixed-shape microbatches.
+
+        Args:
+          state: the current LearnerState.
+          microbatches: from build_microbatches (any count; all of one shape).
+          num_tokens: total completion tokens of the batch (stats["num_tokens"]).
+
+        Returns:
+          (new state, metrics as host floats): loss, pg_loss, grad_norm (before clipping),
+          grad_norm_sq (of the accumulated gradient), microbatch_grad_norm_sq (list: squared norm
+          of each microbatch's gradient contribution, which is normalized by the global num_tokens;
+          multiply by (num_tokens / microbatch_tokens[i])^2 for the norm of that microbatch's own
+          mean gradient), microbatch_tokens (list), clip_frac, ratio_mean, is_weight_mean,
+          is_truncated_frac, entropy, logprob_diff_abs, mismatch_kl, ess, learning_rate, b1, b2,
+          eps (as used by this step), tokens, num_microbatches, step (after the update).
+        """
+        params = state.params
+        grads, per_mb = self.accumulate_gradients(params, microbatches, num_tokens)
+        new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
+        hyper = optim.hyperparam_arrays(opt_state)
+
+        per_mb, grad_norm, hyper = jax.device_get((per_mb, grad_norm, hyper))
+        per_mb = np.stack(per_mb).astype(np.float64)  # [num_mb, K + 1]
+        sums = dict(zip(self._metric_keys, per_mb[:, :-1].sum(axis=0).tolist()))
+        metrics = finalize_metrics(sums)
+        metrics.update(
+            grad_norm=float(grad_norm),
+            grad_norm_sq=float(grad_norm) ** 2,
+            microbatch_grad_norm_sq=per_mb[:, -1].tolist(),
+            microbatch_tokens=[float(np.asarray(mb.loss_mask).sum()) for mb in microbatches],
+            tokens=int(num_tokens),
+            num_microbatches=len(microbatches),
+            step=state.step + 1,
+        )
+        metrics.update({k: float(v) for k, v in hyper.items()})
+        return LearnerState(new_params, opt_state, state.step + 1), metrics
+
+    def set_hyperparams(self, state: LearnerState, **values: float) -> LearnerState:
+        """State with new optimizer hyperparameters (lr/learning_rate, b1, b2, eps); no recompile."""
+        return state._replace(opt_state=optim.set_hyperparams(state.opt_state, **values))
+
+    def get_hyperparams(self, state: LearnerState) -> dict[str, float]:
+        """The optimizer hyperparameters of `state` as host floats."""
+        return optim.get_hyperparams(state.opt_state)
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Compiled-executable counts of the jitted functions (for no-recompilation checks)."""
+        return {
+            "zeros": self._zeros._cache_size(),
+            "accumulate": self._accumulate._cache_size(),
+            "apply": self._apply._cache_size(),
+        }
