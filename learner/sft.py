@@ -1,0 +1,99 @@
+"""Supervised warm-up: cross-entropy on answer tokens, with its own fixed-lr Adam.
+
+Uses the same Microbatch layout as RL (loss_mask on the answer; behavior_logprobs and advantages
+unused) so the same model function and padding rules apply.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from learner.algorithms.logprobs import token_logprobs_and_entropy
+from learner.batching import Microbatch, empty_microbatch
+from learner.config import SFTConfig
+from learner.train_step import LogitsFn
+
+
+def build_sft_batch(
+    prompts_tokens: Sequence[Sequence[int]],
+    answers_tokens: Sequence[Sequence[int]],
+    seq_len: int,
+    pad_id: int,
+    batch_size: int | None = None,
+) -> Microbatch:
+    """Lays out prompt + answer rows (loss_mask on the answer) as one [B, seq_len] Microbatch.
+
+    Args:
+      prompts_tokens: per example, the prompt tokens (BOS included, at least one token).
+      answers_tokens: per example, the target answer tokens (cut at seq_len if too long).
+      seq_len: T, the row length.
+      pad_id: padding token id.
+      batch_size: if given, pad with empty rows to this many (a fixed jit shape); default
+        len(prompts_tokens).
+
+    Raises:
+      ValueError: mismatched lengths, too many examples, or a prompt that leaves no room.
+    """
+    if len(prompts_tokens) != len(answers_tokens):
+        raise ValueError(f"{len(prompts_tokens)} prompts but {len(answers_tokens)} answers")
+    rows = len(prompts_tokens) if batch_size is None else batch_size
+    if len(prompts_tokens) > rows:
+        raise ValueError(f"{len(prompts_tokens)} examples exceed batch_size {rows}")
+    mb = empty_microbatch(rows, seq_len, pad_id)
+    for i, (prompt, answer) in enumerate(zip(prompts_tokens, answers_tokens)):
+        p = len(prompt)
+        if not 0 < p < seq_len:
+            raise ValueError(f"example {i}: prompt of {p} tokens needs 1 <= length < {seq_len}")
+        a = min(len(answer), seq_len - p)
+        mb.tokens[i, :p] = np.asarray(prompt, np.int32)
+        mb.tokens[i, p : p + a] = np.asarray(answer[:a], np.int32)
+        mb.mask[i, : p + a] = True
+        mb.loss_mask[i, p : p + a] = 1.0
+    return mb
+
+
+class SFTStep:
+    """One jitted supervised update: token-mean cross-entropy on the answer tokens.
+
+    Args:
+      logits_fn: pure (params, tokens, positions, mask) -> logits [B, T, V].
+      cfg: SFTConfig (lr is read; steps and batch_size are for the caller's loop).
+    """
+
+    def __init__(self, logits_fn: LogitsFn, cfg: SFTConfig):
+        self.cfg = cfg
+        self.optimizer = optax.adam(cfg.lr)
+        self._logits_fn = logits_fn
+        self._update = jax.jit(self._update_impl)
+
+    def loss_fn(self, params, batch: Microbatch) -> tuple[jax.Array, dict]:
+        """Mean negative log-likelihood of the answer tokens; (loss, metrics)."""
+        logits = self._logits_fn(params, batch.tokens, batch.positions, batch.mask)  # [B, T, V]
+        logprobs, _ = token_logprobs_and_entropy(logits, batch.tokens)  # [B, T]
+        mask = batch.loss_mask.astype(jnp.float32)  # [B, T]
+        tokens = jnp.maximum(jnp.sum(mask), 1.0)
+        loss = -jnp.sum(logprobs * mask) / tokens
+        # Greedy accuracy: logits[t - 1] must put its argmax on token t.
+        hits = jnp.argmax(logits[:, :-1], axis=-1) == batch.tokens[:, 1:]  # [B, T-1]
+        accuracy = jnp.sum(hits * mask[:, 1:]) / tokens
+        return loss, {"loss": loss, "token_accuracy": accuracy, "tokens": jnp.sum(mask)}
+
+    def _update_impl(self, params, opt_state, batch: Microbatch):
+        (_, metrics), grads = jax.value_and_grad(self.loss_fn, has_aux=True)(params, batch)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, metrics
+
+    def init(self, params) -> Any:
+        """Fresh Adam state for `params`."""
+        return self.optimizer.init(params)
+
+    def update(self, params, opt_state, batch: Microbatch) -> tuple[Any, Any, dict]:
+        """One Adam step; returns (params, opt_state, metrics as host floats: loss (before the
+        step), token_accuracy, tokens)."""
+        params, opt_state, metrics = self._update(params, opt_state, batch)
+        return params, opt_state, {k: float(v) for k, v in jax.device_get(metrics).items()}
