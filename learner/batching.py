@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, NamedTuple, Sequence
 
-import jax
 import numpy as np
 
 from learner.algorithms.grpo import group_advantages
@@ -55,11 +54,9 @@ def _advantages_per_group(groups: Sequence[Any], grpo_cfg) -> list[np.ndarray]:
     for i, group in enumerate(groups):
         by_size[len(group.rewards)].append(i)
     out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(groups)
-    cpu = jax.devices("cpu")[0]  # tiny host-side op: keep it off the accelerator
     for size, idx in by_size.items():
         rewards = np.asarray([groups[i].rewards for i in idx], np.float32).reshape(len(idx), size)
-        with jax.default_device(cpu):
-            adv = np.asarray(group_advantages(rewards, grpo_cfg.scale_by_std, grpo_cfg.std_eps))
+        adv = group_advantages(rewards, grpo_cfg.scale_by_std, grpo_cfg.std_eps)  # NumPy path
         for row, i in enumerate(idx):
             out[i] = adv[row]
     return out

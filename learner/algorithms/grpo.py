@@ -20,6 +20,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Log importance ratios are clamped to +-MAX_LOG_RATIO before exp so a token the sampler drew with
 # vanishing probability cannot overflow float32 (exp(88) = inf).
@@ -31,6 +32,8 @@ def group_advantages(rewards: jax.Array, scale_by_std: bool = True, eps: float =
 
     The std is the population std (ddof=0). A group whose rewards are all equal carries no
     learning signal and gets exactly 0 advantages (no rounding residue from the mean).
+    A NumPy input is computed with NumPy (host batching: no per-shape compilation when the number
+    of groups changes); anything else with jnp (traceable).
 
     Args:
       rewards: [N, G] rewards of N groups of G completions of the same prompt.
@@ -38,15 +41,16 @@ def group_advantages(rewards: jax.Array, scale_by_std: bool = True, eps: float =
       eps: added to the std before dividing.
 
     Returns:
-      [N, G] float32 advantages.
+      [N, G] float32 advantages (np.ndarray for NumPy input, else jax.Array).
     """
-    rewards = jnp.asarray(rewards, jnp.float32)  # [N, G]
-    centered = rewards - jnp.mean(rewards, axis=-1, keepdims=True)  # [N, G]
+    xp = np if isinstance(rewards, (np.ndarray, list, tuple)) else jnp
+    rewards = xp.asarray(rewards, xp.float32)  # [N, G]
+    centered = rewards - xp.mean(rewards, axis=-1, keepdims=True)  # [N, G]
     if scale_by_std:
-        std = jnp.sqrt(jnp.mean(centered**2, axis=-1, keepdims=True))  # [N, 1]
-        centered = centered / (std + eps)
-    constant = jnp.max(rewards, axis=-1, keepdims=True) == jnp.min(rewards, axis=-1, keepdims=True)
-    return jnp.where(constant, 0.0, centered)
+        std = xp.sqrt(xp.mean(centered**2, axis=-1, keepdims=True))  # [N, 1]
+        centered = centered / (std + xp.float32(eps))
+    constant = xp.max(rewards, axis=-1, keepdims=True) == xp.min(rewards, axis=-1, keepdims=True)
+    return xp.where(constant, xp.float32(0.0), centered).astype(xp.float32)
 
 
 # ---- off-policy corrections: (logprobs, behavior, proximal, is_cap) -> (ratio, weight) [B, T] ----

@@ -68,8 +68,13 @@ def _cfg(**kw):
 @pytest.mark.parametrize("scale_by_std", [True, False])
 def test_group_advantages_match_numpy(scale_by_std):
     rewards = np.array([[1.0, 0.0, 0.0, 1.0], [0.2, 0.5, 0.9, 0.1], [0.3, 0.3, 0.3, 0.3]])
-    got = np.asarray(grpo.group_advantages(rewards, scale_by_std, 1e-6))
+    got = np.asarray(grpo.group_advantages(jnp.asarray(rewards), scale_by_std, 1e-6))
     np.testing.assert_allclose(got, np_group_advantages(rewards, scale_by_std, 1e-6), rtol=1e-5, atol=1e-6)
+    host = grpo.group_advantages(rewards, scale_by_std, 1e-6)  # NumPy in, NumPy out (host batching)
+    assert isinstance(host, np.ndarray) and host.dtype == np.float32
+    np.testing.assert_allclose(host, got, rtol=1e-6, atol=1e-7)
+    traced = jax.jit(lambda r: grpo.group_advantages(r, scale_by_std, 1e-6))(jnp.asarray(rewards))
+    np.testing.assert_allclose(np.asarray(traced), got, rtol=1e-6, atol=1e-7)
     # Hand value: [1, 0, 0, 1] has mean 0.5, std 0.5.
     expected_first = [1.0, -1.0, -1.0, 1.0] if scale_by_std else [0.5, -0.5, -0.5, 0.5]
     np.testing.assert_allclose(got[0], expected_first, rtol=1e-5)
@@ -79,9 +84,10 @@ def test_zero_variance_group_gets_exactly_zero():
     # 0.1 * 3 / 3 != 0.1 in floating point: the mean alone would leave a residue.
     rewards = np.array([[0.1, 0.1, 0.1], [7.3, 7.3, 7.3], [1.0, 2.0, 4.0]])
     for scale in (True, False):
-        got = np.asarray(grpo.group_advantages(rewards, scale, 1e-6))
-        assert np.all(got[:2] == 0.0)
-        assert np.all(got[2] != 0.0)
+        for got in (grpo.group_advantages(rewards, scale, 1e-6),
+                    np.asarray(grpo.group_advantages(jnp.asarray(rewards), scale, 1e-6))):
+            assert np.all(got[:2] == 0.0)
+            assert np.all(got[2] != 0.0)
 
 
 # ---------------------------------------------------------------- the loss
