@@ -23,7 +23,7 @@ import optax
 from learner import optimizer as optim
 from learner.algorithms.grpo import finalize_metrics, grpo_token_loss
 from learner.algorithms.logprobs import token_logprobs_and_entropy
-from learner.batching import Microbatch
+from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
 
 # logits_fn(params, tokens [B, T], positions [B, T], mask [B, T]) -> logits [B, T, V]
@@ -77,7 +77,8 @@ class TrainStep:
             entropy=entropy,
         )
 
-    def _accumulate_impl(self, params, grads, mb: Microbatch, num_tokens):
+    def _accumulate_impl(self, params, grads, packed, num_tokens):
+        mb = unpack_microbatch(packed)  # [M, 5T + 1] int32 -> Microbatch
         (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
             params, mb, num_tokens
         )
@@ -109,15 +110,16 @@ class TrainStep:
           additive metrics in `metric_keys` order followed by that microbatch's grad-norm^2).
         """
         if not microbatches:
-            raise ValueError("update: no microbatches")
+            raise ValueError("accumulate_gradients: no microbatches")
         if self._metric_keys is None:  # trace once abstractly (no compile) for the metric names
             _, shapes = jax.eval_shape(self.loss_fn, params, microbatches[0], jnp.float32(1.0))
             self._metric_keys = tuple(sorted(shapes))
-        device_mbs = jax.device_put(list(microbatches))  # start all host->device copies at once
+        # One buffer per microbatch, all host->device copies started at once.
+        packed = jax.device_put([pack_microbatch(mb) for mb in microbatches])
         n = jnp.asarray(max(int(num_tokens), 1), jnp.float32)  # strong f32: one jit signature
         grads = self._zeros(params)
         per_mb = []
-        for mb in device_mbs:
+        for mb in packed:
             grads, stats = self._accumulate(params, grads, mb, n)
             per_mb.append(stats)
         return grads, per_mb
@@ -134,7 +136,7 @@ class TrainStep:
 
         Args:
           state: the current LearnerState.
-          microbatches: from build_microbatches (any count; all of one shape).
+          microbatches: host (NumPy) microbatches from build_microbatches (any count; one shape).
           num_tokens: total completion tokens of the batch (stats["num_tokens"]).
 
         Returns:

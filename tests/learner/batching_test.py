@@ -3,10 +3,11 @@
 import dataclasses
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 import pytest
 
-from learner.batching import Microbatch, build_microbatches
+from learner.batching import Microbatch, build_microbatches, pack_microbatch, unpack_microbatch
 from learner.config import GRPOConfig
 
 PAD = 0
@@ -133,3 +134,17 @@ def test_bad_groups_are_rejected(group, match):
         build_microbatches([group], seq_len=4, microbatch_size=2, pad_id=PAD, grpo_cfg=GRPOConfig())
     with pytest.raises(ValueError, match="no groups"):
         build_microbatches([], seq_len=4, microbatch_size=2, pad_id=PAD, grpo_cfg=GRPOConfig())
+
+
+def test_pack_unpack_round_trip_is_exact():
+    g = _group("p", [1, 5], [[7, 8, 9], [3]], [0.25, -1.0])
+    g = g._replace(behavior_logprobs=[[-1e-30, -3.7, -0.0], [-88.5]])  # tiny, negative zero, large
+    (mb,), _ = build_microbatches([g], seq_len=6, microbatch_size=3, pad_id=PAD, grpo_cfg=GRPOConfig())
+    packed = pack_microbatch(mb)
+    assert packed.shape == (3, 5 * 6 + 1) and packed.dtype == np.int32
+    back = jax.jit(unpack_microbatch)(packed)
+    for name, want, got in zip(Microbatch._fields, mb, back):
+        got = np.asarray(got)
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        np.testing.assert_array_equal(got.view(np.int32) if got.dtype == np.float32 else got,
+                                      want.view(np.int32) if want.dtype == np.float32 else want, err_msg=name)
