@@ -63,7 +63,9 @@ class TrainStep:
 
         self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params))
         self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(1,))
-        self._apply = jax.jit(self._apply_impl, donate_argnums=(2, 0, 1) if donate_state else (2,))
+        # The new params reuse either the old params' buffers or the gradient's (same shapes);
+        # donating both would leave one set unusable.
+        self._apply = jax.jit(self._apply_impl, donate_argnums=(0, 1) if donate_state else (2,))
 
     # ---- pure functions (traced) ----
 

@@ -235,3 +235,18 @@ def test_with_the_real_model():
     assert np.isfinite(m1["loss"]) and np.isfinite(m2["loss"]) and m2["learning_rate"] == pytest.approx(1e-3)
     assert step.cache_sizes() == {"zeros": 1, "accumulate": 1, "apply": 1}
     assert jax.tree.structure(state.params) == jax.tree.structure(params)
+
+
+def test_donate_state_reuses_the_old_buffers():
+    import warnings
+
+    cfg = _cfg()
+    step = TrainStep(logits_fn, cfg, donate_state=True)
+    params = init_params()
+    mbs, stats = build_microbatches(make_groups(2, seed=7), T, 4, PAD, cfg.grpo)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "donated buffers were not usable" would fail here
+        state, _ = step.update(step.init(params), mbs, stats["num_tokens"])
+        state, metrics = step.update(state, mbs, stats["num_tokens"])
+    assert params["head"].is_deleted() and not state.params["head"].is_deleted()
+    assert np.isfinite(metrics["loss"]) and step.cache_sizes()["apply"] == 1
