@@ -1,0 +1,144 @@
+"""Learner speed: tokens/s of TrainStep.update vs a bare jitted train step.
+
+Setup: the default ModelConfig (learner.models.llama), seq_len 16 (6 prompt + 10 completion
+tokens), batch 128 samples (16 groups of 8), microbatch 32, the default GRPO loss and Adam.
+Baseline: one jax.jit of value_and_grad(the same loss) + the same optax update + apply_updates over
+the whole [128, 16] batch already on the device: no accumulation, no host work beyond
+block_until_ready. Ours: TrainStep.update on the host microbatches from build_microbatches (host ->
+device copies, 4 accumulate calls, apply, fetching the metrics). Both after warm-up; each figure is
+the median over repeats. tokens are all B x T sequence tokens the step processes.
+Prints one JSON line. Run: `.venv/bin/python benchmarks/learner_bench.py [--repeats 15] [--inner 5]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import pathlib
+import statistics
+import sys
+import time
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import optax
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from learner.batching import build_microbatches  # noqa: E402
+from learner.config import LearnerConfig  # noqa: E402
+from learner.models import llama  # noqa: E402
+from learner.models.config import ModelConfig  # noqa: E402
+from learner.train_step import TrainStep  # noqa: E402
+
+SEQ_LEN, PROMPT_LEN, BATCH, MICROBATCH, GROUP = 16, 6, 128, 32, 8
+PAD = 0
+
+
+class Group(NamedTuple):
+    prompt_id: str
+    task: str
+    prompt_tokens: list
+    completion_tokens: list
+    behavior_logprobs: list
+    rewards: list
+    policy_version: int
+    actor_id: str = "bench"
+    timings: Any = None
+
+
+def make_groups(vocab: int, seed: int = 0) -> list[Group]:
+    """BATCH / GROUP groups filling every row: PROMPT_LEN prompt + (SEQ_LEN - PROMPT_LEN) completion."""
+    rng = np.random.default_rng(seed)
+    n_completion = SEQ_LEN - PROMPT_LEN
+    groups = []
+    for i in range(BATCH // GROUP):
+        prompt = [1] + [int(x) for x in rng.integers(3, vocab, PROMPT_LEN - 1)]
+        comps = [[int(x) for x in rng.integers(3, vocab, n_completion)] for _ in range(GROUP)]
+        behav = [[float(-rng.exponential()) for _ in c] for c in comps]
+        groups.append(Group(f"p{i}", "bench", prompt, comps, behav, [float(rng.random() < 0.5) for _ in comps], 0))
+    return groups
+
+
+def median_seconds(call, repeats: int, inner: int) -> float:
+    """Median over `repeats` of the mean time of `inner` back-to-back calls (after warm-up)."""
+    call()
+    call()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            call()
+        samples.append((time.perf_counter() - start) / inner)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15, help="timed repeats (median reported)")
+    parser.add_argument("--inner", type=int, default=5, help="updates per timed repeat")
+    args = parser.parse_args()
+
+    mcfg = ModelConfig()
+    graphdef, params = llama.init_params(mcfg, 0)
+    cfg = LearnerConfig(batch_size=BATCH, microbatch_size=MICROBATCH, group_size=GROUP)
+    cfg.validate()
+    logits_fn = functools.partial(llama.forward, graphdef)
+    step = TrainStep(logits_fn, cfg)
+
+    groups = make_groups(mcfg.vocab_size)
+    t0 = time.perf_counter()
+    microbatches, stats = build_microbatches(groups, SEQ_LEN, MICROBATCH, PAD, cfg.grpo)
+    batching_s = time.perf_counter() - t0
+    (full,), _ = build_microbatches(groups, SEQ_LEN, BATCH, PAD, cfg.grpo)
+    num_tokens = stats["num_tokens"]
+
+    # Ours: the full host API.
+    state = {"s": step.init(params)}
+
+    def ours():
+        state["s"], _ = step.update(state["s"], microbatches, num_tokens)
+
+    # Bare: one jitted step over the whole batch on the device.
+    tx = step.optimizer
+
+    @jax.jit
+    def bare_step(params, opt_state, batch, n):
+        (_, _), grads = jax.value_and_grad(step.loss_fn, has_aux=True)(params, batch, n)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    bare_state = {"p": params, "o": tx.init(params)}
+    full_dev = jax.device_put(full)
+    n_dev = jax.device_put(np.float32(num_tokens))
+
+    def bare():
+        bare_state["p"], bare_state["o"] = bare_step(bare_state["p"], bare_state["o"], full_dev, n_dev)
+        jax.block_until_ready(bare_state["p"])
+
+    # Interleave the two so a noisy neighbour hits both alike; keep the median of each.
+    ours_s, bare_s = [], []
+    for _ in range(3):
+        ours_s.append(median_seconds(ours, max(1, args.repeats // 3), args.inner))
+        bare_s.append(median_seconds(bare, max(1, args.repeats // 3), args.inner))
+    ours_t, bare_t = statistics.median(ours_s), statistics.median(bare_s)
+    tokens = BATCH * SEQ_LEN
+    print(json.dumps({
+        "bench": "learner_update",
+        "device": jax.devices()[0].device_kind,
+        "model_params": llama.count_params(params),
+        "batch": BATCH, "microbatch": MICROBATCH, "seq_len": SEQ_LEN,
+        "tokens_per_update": tokens, "completion_tokens_per_update": num_tokens,
+        "ours_tokens_per_s": round(tokens / ours_t, 1),
+        "bare_tokens_per_s": round(tokens / bare_t, 1),
+        "ratio": round(bare_t / ours_t, 3),
+        "ours_ms": round(1e3 * ours_t, 3), "bare_ms": round(1e3 * bare_t, 3),
+        "build_microbatches_ms": round(1e3 * batching_s, 3),
+        "compiles": step.cache_sizes(),
+    }))
+
+
+if __name__ == "__main__":
+    main()
