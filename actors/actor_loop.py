@@ -1,0 +1,129 @@
+"""The actor loop: admit prompts, generate G completions each, score them, send one group each.
+
+    actor = Actor(...)
+    thread = threading.Thread(target=actor.run, args=(stop_event,))
+    # each round: gate.admit -> weights.latest -> engine.generate -> task.reward -> transport.put
+
+Every group carries the policy version whose weights produced it. An actor starts a group only
+when the admission gate says it will not be too stale by the time the learner consumes it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from actors.prompt_stream import PromptStream
+from actors.tasks.base import Prompt, Task
+from protocols.admission import AdmissionGate
+from protocols.messages import EngineTimings, RolloutGroup
+from protocols.transport import TransportClosed
+
+
+@dataclasses.dataclass
+class ActorStats:
+    """Counters read by the progress display (written by one actor thread only)."""
+
+    groups: int = 0
+    samples: int = 0
+    tokens: int = 0
+    generate_seconds: float = 0.0  # time inside engine calls
+    admission_wait_seconds: float = 0.0  # time blocked by the staleness bound
+    calls: int = 0
+
+
+class Actor:
+    def __init__(self, actor_id: str, engine: Any, task: Task, stream: PromptStream,
+                 gate: AdmissionGate, weights: Any, transport: Any, group_size: int,
+                 prompts_per_call: int, seed: int):
+        self.actor_id = actor_id
+        self.engine = engine
+        self.task = task
+        self.stream = stream
+        self.gate = gate
+        self.weights = weights
+        self.transport = transport
+        self.group_size = group_size
+        self.prompts_per_call = prompts_per_call
+        self.rng = jax.random.key(seed)
+        self.stats = ActorStats()
+        self.error: BaseException | None = None
+
+    def set_concurrency(self, prompts_per_call: int) -> None:
+        self.prompts_per_call = max(1, int(prompts_per_call))
+
+    def _admit(self, stop: threading.Event) -> int:
+        """Block for one group's credits, then take up to prompts_per_call groups without waiting."""
+        G = self.group_size
+        t0 = time.perf_counter()
+        while not stop.is_set():
+            version = self.gate.admit(G, lambda: self.weights.version, timeout=0.1)
+            if version is not None:
+                break
+        else:
+            return 0
+        n = 1
+        while n < self.prompts_per_call and self.gate.try_admit(G, version):
+            n += 1
+        self.stats.admission_wait_seconds += time.perf_counter() - t0
+        return n
+
+    def step(self, prompts: list[Prompt]) -> list[RolloutGroup]:
+        """Generate and score one engine call's worth of groups."""
+        G = self.group_size
+        params, version = self.weights.latest()  # >= the admitted version: only fresher
+        queued_at = time.time()
+        self.rng, key = jax.random.split(self.rng)
+        rows = [list(p.tokens) for p in prompts for _ in range(G)]
+        started_at = time.time()
+        result = self.engine.generate(params, rows, key)
+        finished_at = time.time()
+        seconds = finished_at - started_at
+        groups = []
+        for i, prompt in enumerate(prompts):
+            completions, logprobs, rewards, exact = [], [], [], []
+            for r in range(i * G, (i + 1) * G):
+                n = int(result.lengths[r])
+                ids = result.tokens[r, :n].tolist()
+                completions.append(ids)
+                logprobs.append(result.logprobs[r, :n].astype(np.float64).tolist())
+                rewards.append(float(self.task.reward(prompt, ids)))
+                exact.append(bool(self.task.exact_match(prompt, ids)))
+            tokens = sum(len(c) for c in completions)
+            groups.append(RolloutGroup(
+                prompt_id=prompt.prompt_id, task=self.task.name, prompt_tokens=list(prompt.tokens),
+                completion_tokens=completions, behavior_logprobs=logprobs, rewards=rewards,
+                exact_match=exact, policy_version=version, actor_id=self.actor_id,
+                timings=EngineTimings(queued_at=queued_at, started_at=started_at,
+                                      finished_at=finished_at,
+                                      generate_seconds=seconds * tokens / max(int(result.lengths.sum()), 1),
+                                      num_tokens=tokens, engine="jax")))
+        self.stats.calls += 1
+        self.stats.generate_seconds += seconds
+        self.stats.tokens += int(result.lengths.sum())
+        return groups
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                n = self._admit(stop)
+                if n == 0:
+                    return
+                if stop.is_set():
+                    self.gate.cancel(n * self.group_size)
+                    return
+                groups = self.step(self.stream.take(n))
+                for g in groups:
+                    self.transport.put(g)
+                self.stats.groups += len(groups)
+                self.stats.samples += len(groups) * self.group_size
+        except TransportClosed:
+            return  # the learner shut the pipeline down: a clean stop
+        except BaseException as e:  # surfaced by the learner loop, which owns the process
+            self.error = e
+            stop.set()
+            raise

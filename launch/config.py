@@ -1,0 +1,81 @@
+"""The one config tree of a Cadence run, its defaults, and the cross-section checks.
+
+Each section is owned by its package (ModelConfig in learner/models, TaskConfig in actors/tasks,
+...); this module only composes them and checks what spans sections. Load with
+`load_config(files, overrides)`; any problem raises ConfigError naming the dotted key.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from actors.config import ActorsConfig
+from actors.engine import EngineConfig
+from actors.tasks.config import TaskConfig
+from launch import config_loader
+from launch.config_loader import ConfigError
+from learner.config import LearnerConfig
+from learner.models.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    dir: str = ""  # run directory; "" = runs/<task>-<UTC time>
+    steps: int = 200  # RL updates to run (after the supervised warm-up)
+    eval_every: int = 10  # held-out greedy evaluation every this many updates (0 = only at the end)
+    stop_at_exact_match: float = 0.0  # stop early once held-out exact match reaches this (0 = never)
+    progress: bool = True  # print a progress line per evaluation / every few steps
+    log_every: int = 5  # progress line every this many updates
+
+    def validate(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"steps: must be >= 0, got {self.steps}")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every: must be >= 0, got {self.eval_every}")
+        if not 0.0 <= self.stop_at_exact_match <= 1.0:
+            raise ValueError(f"stop_at_exact_match: must be in [0, 1], got {self.stop_at_exact_match}")
+        if self.log_every < 1:
+            raise ValueError(f"log_every: must be >= 1, got {self.log_every}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)  # the run itself
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)  # prompts and rewards
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)  # the policy network
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)  # built-in JAX sampler
+    actors: ActorsConfig = dataclasses.field(default_factory=ActorsConfig)  # generation side
+    learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)  # training side
+
+    def validate(self) -> None:
+        """Checks spanning sections (each section validated itself already)."""
+        from actors.tasks.base import make_task
+        from learner.models.char_tokenizer import CharTokenizer
+
+        task = make_task(self.task)
+        if self.engine.max_new_tokens < task.max_completion_len:
+            raise ConfigError(
+                f"engine.max_new_tokens: {self.engine.max_new_tokens} is shorter than the task's "
+                f"answers ({task.max_completion_len} tokens with task.num_digits={self.task.num_digits})")
+        need = task.max_prompt_len + self.engine.max_new_tokens
+        if self.model.max_seq_len < need:
+            raise ConfigError(f"model.max_seq_len: {self.model.max_seq_len} < prompt + completion = {need}")
+        vocab = CharTokenizer().vocab_size
+        if self.model.vocab_size < vocab:
+            raise ConfigError(f"model.vocab_size: {self.model.vocab_size} < the tokenizer's {vocab} ids")
+        if self.learner.grpo.temperature != self.engine.temperature:
+            raise ConfigError(
+                f"learner.grpo.temperature: {self.learner.grpo.temperature} must equal "
+                f"engine.temperature ({self.engine.temperature}) so the learner scores the distribution "
+                "the sampler drew from")
+        if self.learner.batch_size % self.learner.group_size:
+            raise ConfigError("learner.batch_size: must be a multiple of learner.group_size")
+
+
+def load_config(files=(), overrides=()) -> Config:
+    return config_loader.build(Config(), list(files), list(overrides))
+
+
+def seq_len(cfg: Config, max_prompt_len: int) -> int:
+    """Fixed training sequence length: prompt + completion, rounded up to a multiple of 8."""
+    n = max_prompt_len + cfg.engine.max_new_tokens
+    return -(-n // 8) * 8

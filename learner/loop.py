@@ -1,0 +1,141 @@
+"""The learner loop: take exactly B samples, train one step, publish the next policy version.
+
+    loop = LearnerLoop(train_step, transport, gate, weights, settings)
+    state = loop.run(state, num_steps, on_step=callback)   # callback(metrics) -> True to stop
+
+Each step: collect groups from the transport until B samples (dropping any that are staler than
+the bound, counted), tell the admission gate the batch is taken, build fixed-shape microbatches,
+run the jitted update, publish the new params as version step + 1. Everything here is host-side.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from learner.batching import build_microbatches
+from protocols.admission import AdmissionGate
+
+
+class PipelineStopped(RuntimeError):
+    """The generation side stopped (an actor failed or the run was interrupted)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    batch_size: int  # samples per update
+    group_size: int
+    microbatch_size: int
+    seq_len: int  # fixed microbatch length: prompt + completion, padded
+    pad_id: int
+    grpo: Any  # learner.config.GRPOConfig
+
+
+@dataclasses.dataclass
+class Batch:
+    groups: list
+    staleness: list[int]  # per group: consuming step - policy version
+    dropped_stale: int  # groups dropped while filling this batch
+    wait_seconds: float  # time the learner was blocked waiting for samples
+
+
+class LearnerLoop:
+    def __init__(self, train_step, transport, gate: AdmissionGate, weights, settings: LoopSettings,
+                 health: Callable[[], None] | None = None):
+        self.train_step = train_step
+        self.transport = transport
+        self.gate = gate
+        self.weights = weights
+        self.settings = settings
+        self.health = health or (lambda: None)
+        self.samples = 0  # samples consumed by updates so far
+        self.dropped_stale_total = 0
+        self.batch_size = settings.batch_size
+
+    def set_batch_size(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.gate.set_batch_size(batch_size)
+
+    def collect(self, stop: threading.Event | None = None) -> Batch:
+        """Block until exactly batch_size samples of acceptable staleness are in hand."""
+        G = self.settings.group_size
+        need = self.batch_size // G
+        step = self.gate.steps_taken
+        groups, staleness, dropped = [], [], 0
+        t0 = time.perf_counter()
+        while len(groups) < need:
+            if stop is not None and stop.is_set():
+                raise PipelineStopped("stopped while waiting for samples")
+            self.health()
+            group = self.transport.get(timeout=0.1)
+            if group is None:
+                continue
+            if self.gate.is_too_stale(group.policy_version, step):
+                self.gate.drop(len(group.rewards))
+                dropped += 1
+                continue
+            groups.append(group)
+            staleness.append(step - group.policy_version)
+        wait = time.perf_counter() - t0
+        self.gate.take_batch(need * G)
+        self.dropped_stale_total += dropped
+        return Batch(groups, staleness, dropped, wait)
+
+    def train_on(self, state, batch: Batch):
+        s = self.settings
+        t0 = time.perf_counter()
+        microbatches, stats = build_microbatches(batch.groups, s.seq_len, s.microbatch_size,
+                                                 s.pad_id, s.grpo)
+        state, metrics = self.train_step.update(state, microbatches, stats["num_tokens"])
+        train_seconds = time.perf_counter() - t0
+        self.samples += sum(len(g.rewards) for g in batch.groups)
+        rewards = np.concatenate([np.asarray(g.rewards, np.float64) for g in batch.groups])
+        exact = [e for g in batch.groups for e in (g.exact_match or [])]
+        seq_tokens = sum(len(g.prompt_tokens) * len(g.rewards) + sum(len(c) for c in g.completion_tokens)
+                         for g in batch.groups)
+        out = {k: _scalar(v) for k, v in metrics.items() if _scalar(v) is not None}
+        out.update({
+            "samples": self.samples,
+            "batch_size": len(rewards),
+            "reward/mean": float(rewards.mean()),
+            "train/exact_match": float(np.mean(exact)) if exact else None,
+            "staleness/mean": float(np.mean(batch.staleness)),
+            "staleness/max": int(np.max(batch.staleness)),
+            "staleness/hist": np.bincount(batch.staleness).tolist(),
+            "dropped_stale": batch.dropped_stale,
+            "learner/wait_seconds": batch.wait_seconds,
+            "learner/train_seconds": train_seconds,
+            "learner/tokens_per_second": seq_tokens / max(train_seconds, 1e-9),
+        })
+        return state, out
+
+    def run(self, state, num_steps: int, on_step: Callable[[int, Any, dict], bool] | None = None,
+            stop: threading.Event | None = None, start_step: int = 0):
+        """Train until num_steps updates are done (or on_step returns True). Returns the state."""
+        for step in range(start_step, num_steps):
+            batch = self.collect(stop)
+            state, metrics = self.train_on(state, batch)
+            version = step + 1
+            self.weights.publish(state.params, version)
+            metrics["step"] = version
+            if on_step is not None and on_step(version, state, metrics):
+                break
+        return state
+
+
+def _scalar(v):
+    """Host float/int for metrics; lists stay lists; anything else is left out."""
+    if isinstance(v, (int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [float(x) for x in v]
+    try:
+        arr = np.asarray(v)
+    except Exception:
+        return None
+    if arr.ndim == 0:
+        return arr.item()
+    return arr.astype(float).tolist() if arr.size <= 64 else None

@@ -1,0 +1,88 @@
+"""Config tree: strict keys, types and ranges; YAML files and dotted overrides; exit code 2."""
+import subprocess
+import sys
+
+import pytest
+
+from launch.cli import main
+from launch.config import Config, load_config
+from launch.config_loader import ConfigError, all_keys, parse_override
+
+
+def test_defaults_validate_and_overrides_apply(tmp_path):
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    f = tmp_path / "c.yaml"
+    f.write_text("learner:\n  optimizer:\n    lr: 0.002\nrun:\n  steps: 7\n")
+    cfg = load_config([str(f)], ["run.steps=9", "learner.grpo.scale_by_std=false", "task.name=add_reversed",
+                                 "task.num_digits=3"])
+    assert cfg.learner.optimizer.lr == 0.002
+    assert cfg.run.steps == 9  # the override beats the file
+    assert cfg.learner.grpo.scale_by_std is False
+    assert cfg.task.name == "add_reversed"
+
+
+def test_scientific_notation_and_lists():
+    assert parse_override("learner.optimizer.lr=1e-3") == ("learner.optimizer.lr", 1e-3)
+    cfg = load_config(overrides=["engine.batch_buckets=[8, 64, 256]"])
+    assert cfg.engine.batch_buckets == (8, 64, 256)
+
+
+@pytest.mark.parametrize("override, named", [
+    ("learner.optimizer.lrr=1", "learner.optimizer.lrr"),       # unknown key
+    ("nosuch.section=1", "nosuch.section"),                     # unknown section
+    ("learner.batch_size=abc", "learner.batch_size"),           # wrong type
+    ("learner.batch_size=1.5", "learner.batch_size"),           # float for an int
+    ("run.progress=3", "run.progress"),                         # int for a bool
+    ("task.name=parity", "task.name"),                          # not a Literal choice
+    ("learner.optimizer.lr=-1", "learner.optimizer.lr"),        # out of range
+    ("learner.batch_size=100", "learner.batch_size"),           # not a multiple of microbatch
+    ("model.n_kv_heads=3", "model.n_kv_heads"),                 # cross-field, inside a section
+    ("engine.max_new_tokens=4", "engine.max_new_tokens"),       # cross-section: answers are 7 tokens
+    ("learner.grpo.temperature=0.5", "learner.grpo.temperature"),  # must match the sampler
+    ("task.num_digits=0", "task.num_digits"),
+])
+def test_bad_input_names_the_key(override, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(overrides=[override])
+
+
+def test_unknown_key_suggests_the_near_one():
+    with pytest.raises(ConfigError, match=r"did you mean learner\.optimizer\.lr"):
+        load_config(overrides=["learner.optimizer.lrr=1"])
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml does not exist"):
+        load_config([str(tmp_path / "nope.yaml")])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
+        load_config([str(bad)])
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("learner:\n  optimizer: 3\n")
+    with pytest.raises(ConfigError, match="learner.optimizer: expected a mapping"):
+        load_config([str(wrong)])
+
+
+def test_cli_exits_2_naming_the_key(capsys):
+    assert main(["train", "learner.optimizer.lrr=1"]) == 2
+    assert "learner.optimizer.lrr" in capsys.readouterr().err
+    assert main(["train", "--print-config", "run.steps=3"]) == 0
+    assert "steps: 3" in capsys.readouterr().out
+
+
+def test_console_script_exit_code_is_2():
+    # the real entry point in a fresh interpreter, as a user runs it
+    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", "actors.max_staleness=-1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "actors.max_staleness" in out.stderr
+
+
+def test_every_key_is_reachable_by_override():
+    cfg = load_config()
+    for key in all_keys(Config):
+        node = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
