@@ -34,7 +34,7 @@ class EngineConfig:
     max_new_tokens: int = 8  # completion tokens per request (fixed: part of the compiled shape)
     temperature: float = 1.0  # default sampling temperature (> 0); traced, may be overridden per call
     top_p: float = 1.0  # default nucleus mass in (0, 1]; 1 disables truncation
-    batch_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)  # batch sizes compiled; larger calls are chunked
+    batch_buckets: tuple[int, ...] = (8, 16, 32, 64, 128)  # batch sizes compiled; larger calls are chunked (held-out eval reuses the actors' 128-row program)
     prompt_bucket: int = 8  # prompt lengths are padded up to a multiple of this
 
     def validate(self) -> None:
