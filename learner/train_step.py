@@ -2,7 +2,7 @@
 
 Host loop per update (TrainStep.update):
   grads = zeros(params)
-  for mb in microbatches:  grads, stats = accumulate(params, grads, mb, num_tokens)  # grads donated
+  for mb in microbatches:  grads, stats = accumulate(params, grads, pack(mb), num_tokens)  # donated
   params, opt_state, grad_norm = apply(params, opt_state, grads)                     # grads donated
 
 The loss of each microbatch is normalized by the GLOBAL completion-token count of the batch, so the
