@@ -14,6 +14,7 @@ from actors.tasks.config import TaskConfig
 from launch import config_loader
 from launch.config_loader import ConfigError
 from learner.config import LearnerConfig
+from learner.controller.config import ControllerConfig
 from learner.models.config import ModelConfig
 
 
@@ -45,6 +46,7 @@ class Config:
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)  # built-in JAX sampler
     actors: ActorsConfig = dataclasses.field(default_factory=ActorsConfig)  # generation side
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)  # training side
+    controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)  # batch-size control
 
     def validate(self) -> None:
         """Checks spanning sections (each section validated itself already)."""

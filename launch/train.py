@@ -24,11 +24,12 @@ from actors.tasks.base import make_task
 from launch import artifacts
 from launch.config import Config, seq_len as config_seq_len
 from launch.metrics import Clock, MetricsWriter, Progress
+from launch.policy import build_policy
+from learner.controller import make_controller
+from learner.factory import make_train_step
 from learner.loop import LearnerLoop, LoopSettings, PipelineStopped
-from learner.models.char_tokenizer import CharTokenizer
-from learner.models.llama import count_params, forward, init_params
+from learner.models.llama import count_params, forward
 from learner.sft import SFTStep, build_sft_batch
-from learner.train_step import TrainStep
 from protocols.admission import AdmissionGate
 from protocols.transport import InProcessTransport
 from protocols.weights import InProcessWeights
@@ -64,32 +65,33 @@ def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_
     return params, {"sft/loss": float(loss), "sft/steps": sft_cfg.steps}
 
 
-def train(cfg: Config, run_dir: str | None = None, *, wrap_train_step=None) -> dict:
+def train(cfg: Config, run_dir: str | None = None, *, wrap_train_step=None, controller=None) -> dict:
     """Run one training job; returns the summary also written to RUN_DIR/summary.json.
 
     wrap_train_step: tests inject faults (e.g. a deliberately slow learner) by wrapping TrainStep.
+    controller: a learner.loop.Controller consulted after every update (batch size, Adam
+      hyperparameters, actor concurrency).
     """
     clock = Clock()
     run_dir = artifacts.prepare_run_dir(cfg, run_dir)
     progress = Progress(cfg.run.progress)
-    tokenizer = CharTokenizer()
+    policy = build_policy(cfg)
+    tokenizer, graphdef, params = policy.tokenizer, policy.graphdef, policy.params
     task = make_task(cfg.task)
     heldout = task.heldout()
     L = config_seq_len(cfg, task.max_prompt_len)
-
-    graphdef, params = init_params(cfg.model, cfg.learner.seed)
     logits_fn = functools.partial(forward, graphdef)
     progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(params):,} params | "
                      f"batch {cfg.learner.batch_size} samples (G={cfg.learner.group_size}) | "
                      f"max_staleness {cfg.actors.max_staleness}")
     # One engine for actors and evaluation: jitted calls are thread-safe, and sharing it means the
     # held-out eval runs the program the actors already compiled.
-    engine = JaxEngine(cfg.model, graphdef, cfg.engine, tokenizer.eos_id, tokenizer.pad_id)
+    engine = JaxEngine(policy.model_cfg, graphdef, cfg.engine, tokenizer.eos_id, tokenizer.pad_id)
     eval_engine = engine
     stream = PromptStream(task)
     params, sft_metrics = supervised_warmup(cfg, logits_fn, params, stream, L, tokenizer.pad_id, progress)
 
-    train_step = TrainStep(logits_fn, cfg.learner)
+    train_step = make_train_step(graphdef, cfg.learner)
     state = train_step.init(params)
     if wrap_train_step is not None:
         train_step = wrap_train_step(train_step)
@@ -108,7 +110,9 @@ def train(cfg: Config, run_dir: str | None = None, *, wrap_train_step=None) -> d
 
     loop = LearnerLoop(train_step, transport, gate, weights,
                        LoopSettings(cfg.learner.batch_size, G, cfg.learner.microbatch_size, L,
-                                    tokenizer.pad_id, cfg.learner.grpo), health=health)
+                                    tokenizer.pad_id, cfg.learner.grpo), health=health,
+                       controller=controller or make_controller(cfg.controller, cfg.learner, cfg.actors),
+                       on_concurrency=lambda c: [a.set_concurrency(c) for a in actors])
     writer = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"))
     record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics,
                **evaluate(eval_engine, task, state.params, heldout)}
@@ -118,14 +122,20 @@ def train(cfg: Config, run_dir: str | None = None, *, wrap_train_step=None) -> d
     last = {"t": clock(), "tokens": 0}
     summary = {"target_reached_at": None}
 
-    def on_step(step, st, m) -> bool:
+    def enrich(step, m) -> None:
+        """Generation-side measurements, added before the controller sees the step."""
         now = clock()
         tokens = sum(a.stats.tokens for a in actors)
         m["wall_time"] = now
         m["actors/tokens_per_second"] = (tokens - last["tokens"]) / max(now - last["t"], 1e-9)
         m["actors/admission_wait_seconds"] = sum(a.stats.admission_wait_seconds for a in actors)
         m["actors/generate_seconds"] = sum(a.stats.generate_seconds for a in actors)
+        m["actors/concurrency"] = actors[0].prompts_per_call
         last.update(t=now, tokens=tokens)
+
+    loop.enrich = enrich
+
+    def on_step(step, st, m) -> bool:
         final = step == cfg.run.steps
         if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or final:
             summary["last_eval"] = evaluate(eval_engine, task, st.params, heldout)

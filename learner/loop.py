@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -42,9 +42,26 @@ class Batch:
     wait_seconds: float  # time the learner was blocked waiting for samples
 
 
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What a batch-size controller asks for after a step (None fields: leave as is)."""
+
+    batch_size: int | None = None  # samples per update from the next step on
+    hyperparams: dict | None = None  # e.g. {"learning_rate": ..., "b1": ..., "b2": ..., "eps": ...}
+    concurrency: int | None = None  # prompts per engine call for the actors
+    reason: str = ""
+
+
+class Controller(Protocol):
+    """Called after every update with its metrics; returns a Decision to change course, or None."""
+
+    def after_step(self, step: int, metrics: dict) -> Decision | None: ...
+
+
 class LearnerLoop:
     def __init__(self, train_step, transport, gate: AdmissionGate, weights, settings: LoopSettings,
-                 health: Callable[[], None] | None = None):
+                 health: Callable[[], None] | None = None, controller: Controller | None = None,
+                 on_concurrency: Callable[[int], None] | None = None):
         self.train_step = train_step
         self.transport = transport
         self.gate = gate
@@ -54,10 +71,32 @@ class LearnerLoop:
         self.samples = 0  # samples consumed by updates so far
         self.dropped_stale_total = 0
         self.batch_size = settings.batch_size
+        self.controller = controller
+        self.enrich: Callable[[int, dict], None] = lambda step, metrics: None  # wiring adds measurements
+        # group_filter(group) -> a drop reason (str) or None to keep; e.g. dynamic sampling drops
+        # groups whose advantages are all zero. Dropped groups free their admission slots.
+        self.group_filter: Callable[[Any], str | None] | None = None
+        self.dropped: dict[str, int] = {}
+        self.on_concurrency = on_concurrency or (lambda c: None)
 
     def set_batch_size(self, batch_size: int) -> None:
+        s = self.settings
+        if batch_size % s.group_size or batch_size % s.microbatch_size:
+            raise ValueError(f"batch_size {batch_size} must be a multiple of group_size ({s.group_size}) "
+                             f"and microbatch_size ({s.microbatch_size})")
         self.batch_size = batch_size
         self.gate.set_batch_size(batch_size)
+
+    def apply(self, state, decision: Decision):
+        """Apply a controller decision between steps: no recompilation (fixed microbatch shapes,
+        injected optimizer hyperparameters)."""
+        if decision.batch_size is not None and decision.batch_size != self.batch_size:
+            self.set_batch_size(decision.batch_size)
+        if decision.hyperparams:
+            state = self.train_step.set_hyperparams(state, **decision.hyperparams)
+        if decision.concurrency is not None:
+            self.on_concurrency(decision.concurrency)
+        return state
 
     def collect(self, stop: threading.Event | None = None) -> Batch:
         """Block until exactly batch_size samples of acceptable staleness are in hand."""
@@ -76,6 +115,11 @@ class LearnerLoop:
             if self.gate.is_too_stale(group.policy_version, step):
                 self.gate.drop(len(group.rewards))
                 dropped += 1
+                continue
+            reason = self.group_filter(group) if self.group_filter is not None else None
+            if reason is not None:
+                self.gate.drop(len(group.rewards))
+                self.dropped[reason] = self.dropped.get(reason, 0) + 1
                 continue
             groups.append(group)
             staleness.append(step - group.policy_version)
@@ -121,6 +165,12 @@ class LearnerLoop:
             version = step + 1
             self.weights.publish(state.params, version)
             metrics["step"] = version
+            self.enrich(version, metrics)
+            if self.controller is not None:
+                decision = self.controller.after_step(version, metrics)
+                if decision is not None:
+                    state = self.apply(state, decision)
+                    metrics["controller/decision"] = decision.reason
             if on_step is not None and on_step(version, state, metrics):
                 break
         return state
