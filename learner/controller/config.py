@@ -1,12 +1,62 @@
-"""Configuration of the batch-size controller."""
+"""Configuration of the batch-size controller (decision rule, guards, Adam rescaling)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
+
+SCALINGS = ("sqrt", "linear", "none")
 
 
 @dataclasses.dataclass(frozen=True)
 class ControllerConfig:
+    """When and how the learner's batch size B (samples per update) changes while training runs.
+
+    The decision rule compares B/2, B, 2B by predicted time-to-target (1 + B/B_noise) / X(B) every
+    `window` steps, at least `dwell` steps after the last change; see docs/controller.md.
+    """
+
     enabled: bool = False  # resize the batch while training (off: fixed learner.batch_size)
+    window: int = 10  # W: decide every this many updates (estimates are averaged over the window)
+    dwell: int = 20  # minimum updates between two changes of B (>= window stops flapping)
+    min_batch_size: int = 32  # B_min in samples (a multiple of group and microbatch size)
+    max_batch_size: int = 1024  # B_max in samples
+    hysteresis: float = 0.1  # switch only if predicted time-to-target drops by more than this fraction
+    scaling: Literal["sqrt", "linear", "none"] = "sqrt"  # Adam rule on B -> kB (sqrt: lr*sqrt(k), b**k, eps/sqrt(k))
+    base_batch_size: int = 0  # batch the optimizer hyperparameters are tuned for (0 = learner.batch_size)
+    noise_ema: float = 0.9  # EMA decay of the two noise-scale terms (|G|^2 and tr(Sigma)), per step
+    warmup_steps: int = 2  # first updates ignored by the estimators (compilation, cold caches)
+    min_ess: float = 0.5  # guard: no change of B while the mean ESS fraction is below this
+    max_clip_frac: float = 0.3  # guard: no change of B while the mean clip fraction is above this
+    max_staleness_lr: float = 0.0  # guard: predicted mean staleness * lr must stay <= this (0 = off)
+    scale_concurrency: bool = True  # actors' prompts per call follow B (x k on a change by k)
+    max_concurrency: int = 128  # upper bound on the actors' prompts per call
+    saturation_prior: float = 1.0  # c_sat / c assumed while only one concurrency has been measured
 
     def validate(self) -> None:
-        pass
+        """Raises ValueError("<field>: <problem>") on an out-of-range field."""
+        for name in ("window", "min_batch_size", "max_batch_size", "max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.dwell < 0:
+            raise ValueError(f"dwell: must be >= 0, got {self.dwell}")
+        if self.max_batch_size < self.min_batch_size:
+            raise ValueError(f"max_batch_size: must be >= min_batch_size ({self.min_batch_size}), "
+                             f"got {self.max_batch_size}")
+        if not 0.0 <= self.hysteresis < 1.0:
+            raise ValueError(f"hysteresis: must be in [0, 1), got {self.hysteresis}")
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"scaling: must be one of {SCALINGS}, got {self.scaling!r}")
+        if self.base_batch_size < 0:
+            raise ValueError(f"base_batch_size: must be >= 0 (0 = learner.batch_size), got {self.base_batch_size}")
+        if not 0.0 <= self.noise_ema < 1.0:
+            raise ValueError(f"noise_ema: must be in [0, 1), got {self.noise_ema}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_ess <= 1.0:
+            raise ValueError(f"min_ess: must be in [0, 1], got {self.min_ess}")
+        if not 0.0 <= self.max_clip_frac <= 1.0:
+            raise ValueError(f"max_clip_frac: must be in [0, 1], got {self.max_clip_frac}")
+        if self.max_staleness_lr < 0:
+            raise ValueError(f"max_staleness_lr: must be >= 0 (0 = off), got {self.max_staleness_lr}")
+        if not self.saturation_prior > 0:
+            raise ValueError(f"saturation_prior: must be > 0, got {self.saturation_prior}")

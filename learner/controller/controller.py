@@ -1,0 +1,220 @@
+"""The batch-size controller: measure after every update, decide every W updates, rescale Adam.
+
+    ctrl = BatchSizeController(cfg, learner_cfg, actors_cfg)
+    decision = ctrl.after_step(step, metrics)   # learner.loop calls this; None = nothing to do
+
+Per update it feeds the estimators (noise scale, learner and generation throughput) and the guard
+windows (ESS, clip fraction, staleness), and writes its current estimates into `metrics` under
+"controller/..." so they land in metrics.jsonl. Every `window` updates it decides: a hold (with its
+reason) or a change of B by k = 2 or 1/2 with the scaling rule's lr, betas and eps, computed from the
+reference point (base batch size, configured optimizer), and the actors' new concurrency.
+Every decision, kept or changed, is appended to `decisions` with its inputs.
+"""
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+
+from learner.config import LearnerConfig
+from learner.controller.config import ControllerConfig
+from learner.controller.decision import candidate_batch_sizes, choose_batch_size
+from learner.controller.noise import NoiseScaleEstimator
+from learner.controller.scaling import optimizer_hyper, rescale
+from learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
+from learner.loop import Decision
+
+MAX_LOGGED = 1000  # decisions kept in the state dict
+
+
+class BatchSizeController:
+    """See the module docstring.
+
+    Args:
+      cfg: the controller section.
+      learner_cfg: the learner section (start batch size, group/microbatch sizes, optimizer values
+        tuned at `cfg.base_batch_size or learner_cfg.batch_size`).
+      num_actors: generation engines running in parallel.
+      asynchronous: actors run ahead of the learner (max_staleness > 0): X = min(X_gen, X_train);
+        otherwise the two alternate: 1/X = 1/X_gen + 1/X_train.
+      generation, learner: throughput models (defaults: fitted online); tests pass fixed curves.
+    """
+
+    def __init__(self, cfg: ControllerConfig, learner_cfg: LearnerConfig, num_actors: int = 1,
+                 asynchronous: bool = True, generation=None, learner=None):
+        self.cfg = cfg
+        self.asynchronous = asynchronous
+        self.multiple = math.lcm(learner_cfg.group_size, learner_cfg.microbatch_size)
+        self.base_batch_size = cfg.base_batch_size or learner_cfg.batch_size
+        self.base_hyper = optimizer_hyper(learner_cfg.optimizer)
+        self.batch_size = learner_cfg.batch_size
+        self.concurrency: int | None = None  # learnt from metrics["actors/concurrency"]
+        self.noise = NoiseScaleEstimator(cfg.noise_ema)
+        self.generation = generation or GenerationThroughput(num_actors, cfg.saturation_prior)
+        self.learner = learner or LearnerThroughput()
+        self.window: collections.deque = collections.deque(maxlen=cfg.window)
+        self.last_change = 0  # step of the last change (dwell counts from here)
+        self.prev: dict | None = None  # previous step's cumulative generation counters
+        self.decisions: list[dict] = []
+        self._needs_initial_scaling = self.base_batch_size != self.batch_size
+
+    # ---- the hook ----
+
+    def after_step(self, step: int, metrics: dict) -> Decision | None:
+        """Measure this update; every `window` updates return a Decision (a hold has only a reason)."""
+        self.observe(step, metrics)
+        if self._needs_initial_scaling:  # start B differs from the tuned one: apply the rule once
+            self._needs_initial_scaling = False
+            return Decision(hyperparams=self.hyperparams_for(self.batch_size),
+                            reason=f"initial scaling: B {self.batch_size} vs base {self.base_batch_size}")
+        if step % self.cfg.window:
+            return None
+        return self.decide(step, metrics)
+
+    # ---- measurements ----
+
+    def observe(self, step: int, m: dict) -> None:
+        """Feed the estimators with one update's metrics and write the estimates back into `m`."""
+        b = int(m.get("batch_size", self.batch_size))
+        self.batch_size = b
+        if m.get("actors/concurrency") is not None:
+            self.concurrency = int(m["actors/concurrency"])
+        warm = step > self.cfg.warmup_steps
+        if warm and "microbatch_grad_norm_sq" in m:
+            self.noise.update_from_metrics(m, b)
+        if warm and m.get("learner/train_seconds"):
+            self.learner.observe(b, float(m["learner/train_seconds"]))
+        self._observe_generation(warm, m)
+        self.window.append({k: m.get(k) for k in ("ess", "clip_frac", "staleness/mean", "staleness/max",
+                                                   "learning_rate")})
+        m["controller/noise_scale"] = self.noise.noise_scale
+        m["controller/grad_sq"] = self.noise.grad_sq
+        m["controller/trace_sigma"] = self.noise.trace_sigma
+
+    def _observe_generation(self, warm: bool, m: dict) -> None:
+        keys = ("wall_time", "actors/tokens_per_second", "actors/generate_seconds", "actors/concurrency")
+        if any(m.get(k) is None for k in keys):
+            return
+        cur = {"wall_time": float(m["wall_time"]), "gen": float(m["actors/generate_seconds"]),
+               "c": int(m["actors/concurrency"])}
+        prev, self.prev = self.prev, cur
+        if not warm or prev is None or prev["c"] != cur["c"]:  # a changed concurrency mixes two rates
+            return
+        tokens = float(m["actors/tokens_per_second"]) * (cur["wall_time"] - prev["wall_time"])
+        busy = cur["gen"] - prev["gen"]  # summed over engines
+        tokens_per_sample = float(m.get("tokens", 0)) / max(m.get("batch_size", 0), 1)
+        if busy > 0 and tokens > 0 and tokens_per_sample > 0:
+            self.generation.observe(cur["c"], tokens / tokens_per_sample / busy)
+
+    def _mean(self, key: str) -> float | None:
+        vals = [w[key] for w in self.window if w.get(key) is not None]
+        return float(np.mean(vals)) if vals else None
+
+    # ---- the rule ----
+
+    def hyperparams_for(self, batch_size: int) -> dict[str, float]:
+        """The scaling rule's lr, b1, b2, eps for `batch_size`, from the reference point."""
+        return rescale(self.base_hyper, batch_size / self.base_batch_size, self.cfg.scaling)
+
+    def throughput(self, batch_size: int) -> float | None:
+        """Predicted pipeline samples/s at `batch_size` (actors' concurrency following B)."""
+        x_train = self.learner.predict(batch_size)
+        c = self.concurrency_for(batch_size)
+        x_gen = self.generation.predict(c) if c is not None else None
+        if x_train is None or x_gen is None:
+            return None
+        return pipeline_throughput(x_gen, x_train, self.asynchronous)
+
+    def concurrency_for(self, batch_size: int) -> int | None:
+        """Actors' prompts per call at `batch_size` (proportional to B when scale_concurrency)."""
+        if self.concurrency is None:
+            return None
+        if not self.cfg.scale_concurrency:
+            return self.concurrency
+        c = round(self.concurrency * batch_size / self.batch_size)
+        return int(min(max(c, 1), self.cfg.max_concurrency))
+
+    def decide(self, step: int, metrics: dict) -> Decision:
+        """Apply the decision rule now; logs and returns the Decision (a hold changes nothing)."""
+        cfg, b = self.cfg, self.batch_size
+        ess, clip, stale = self._mean("ess"), self._mean("clip_frac"), self._mean("staleness/mean")
+        bn = self.noise.noise_scale
+        entry = {"step": step, "batch_size": b, "noise_scale": bn, "ess": ess, "clip_frac": clip,
+                 "staleness_mean": stale, "concurrency": self.concurrency,
+                 "learner_cost": self.learner.cost(), "generation_curve": self.generation.curve()}
+        decision = self._rule(step, b, bn, ess, clip, stale, entry)
+        entry.update(action=entry.get("action", "hold"), reason=decision.reason,
+                     new_batch_size=decision.batch_size or b, new_concurrency=decision.concurrency)
+        self.decisions.append(entry)
+        del self.decisions[:-MAX_LOGGED]
+        metrics["controller/action"] = entry["action"]
+        metrics["controller/scores"] = entry.get("scores")
+        return decision
+
+    def _rule(self, step, b, bn, ess, clip, stale, entry) -> Decision:
+        cfg = self.cfg
+        if step - self.last_change < cfg.dwell:
+            return Decision(reason=f"hold B={b}: dwell ({step - self.last_change} < {cfg.dwell} steps since the last change)")
+        if bn is None:
+            return Decision(reason=f"hold B={b}: noise scale not measurable yet (|G|^2 or tr(Sigma) estimate <= 0)")
+        guard = None
+        if ess is not None and ess < cfg.min_ess:
+            guard = f"ESS {ess:.2f} < {cfg.min_ess}"
+        elif clip is not None and clip > cfg.max_clip_frac:
+            guard = f"clip fraction {clip:.2f} > {cfg.max_clip_frac}"
+        if guard is not None:
+            # Too off-policy: less in flight first (lower concurrency), B stays.
+            c = self.concurrency
+            if c is not None and c > 1:
+                self.last_change = step
+                entry["action"] = "halve_concurrency"
+                return Decision(concurrency=c // 2, reason=f"hold B={b}: {guard}; concurrency {c} -> {c // 2}")
+            return Decision(reason=f"hold B={b}: {guard}")
+        if self.throughput(b) is None:
+            return Decision(reason=f"hold B={b}: throughput not measured yet")
+        cands = candidate_batch_sizes(b, cfg.min_batch_size, cfg.max_batch_size, self.multiple)
+        if cfg.max_staleness_lr > 0 and stale is not None:
+            # mean lag in versions ~ samples in line / B: it scales as B / B'
+            cands = [c for c in cands if c == b or
+                     stale * b / c * self.hyperparams_for(c)["learning_rate"] <= cfg.max_staleness_lr]
+        cands = [c for c in cands if self.throughput(c) is not None]
+        best, scores = choose_batch_size(b, cands, bn, self.throughput, cfg.hysteresis)
+        entry["scores"] = {str(k): v for k, v in scores.items()}
+        gain = 1.0 - scores[best] / scores[b]
+        if best == b:
+            alt = min(scores, key=scores.get)
+            why = "current B is fastest" if alt == b else (
+                f"B={alt} only {1 - scores[alt] / scores[b]:.1%} faster (hysteresis {cfg.hysteresis:.0%})")
+            return Decision(reason=f"hold B={b}: {why}; B_noise {bn:.0f}")
+        self.last_change = step
+        entry["action"] = "grow" if best > b else "shrink"
+        c_new = self.concurrency_for(best) if cfg.scale_concurrency else None
+        return Decision(batch_size=best, hyperparams=self.hyperparams_for(best), concurrency=c_new,
+                        reason=f"{entry['action']} B {b} -> {best}: predicted {gain:.1%} faster to target; "
+                               f"B_noise {bn:.0f}, scaling {cfg.scaling}")
+
+    # ---- checkpointing ----
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue as if nothing happened (JSON-serializable)."""
+        return {"batch_size": self.batch_size, "concurrency": self.concurrency,
+                "last_change": self.last_change, "prev": self.prev,
+                "needs_initial_scaling": self._needs_initial_scaling,
+                "window": list(self.window), "noise": self.noise.state_dict(),
+                "generation": self.generation.state_dict(), "learner": self.learner.state_dict(),
+                "decisions": list(self.decisions)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict returned."""
+        self.batch_size = int(state["batch_size"])
+        self.concurrency = state["concurrency"]
+        self.last_change = int(state["last_change"])
+        self.prev = state["prev"]
+        self._needs_initial_scaling = bool(state["needs_initial_scaling"])
+        self.window.clear()
+        self.window.extend(state["window"])
+        self.noise.load_state_dict(state["noise"])
+        self.generation.load_state_dict(state["generation"])
+        self.learner.load_state_dict(state["learner"])
+        self.decisions = list(state["decisions"])

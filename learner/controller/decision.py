@@ -1,0 +1,48 @@
+"""The decision rule: predicted time-to-target T(B) proportional to (1 + B / B_noise) / X(B).
+
+E(B) = 1 + B / B_noise is the samples-to-target penalty (McCandlish et al. 2018) and X(B) the
+pipeline's samples per second, so T(B) = E(B) / X(B) up to a constant. B -> B' pays only if
+X(B') / X(B) > E(B') / E(B); a hysteresis margin keeps noise in the estimates from flapping B.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+
+def time_to_target_score(batch_size: float, noise_scale: float, throughput: float) -> float:
+    """(1 + B / B_noise) / X(B): proportional to the predicted wall time to the target."""
+    return (1.0 + batch_size / noise_scale) / throughput
+
+
+def candidate_batch_sizes(batch_size: int, min_batch_size: int, max_batch_size: int,
+                          multiple: int) -> list[int]:
+    """B/2, B, 2B inside [B_min, B_max] that are multiples of `multiple` (B itself always)."""
+    out = []
+    for b in (batch_size // 2, batch_size, batch_size * 2):
+        ok = b == batch_size or (min_batch_size <= b <= max_batch_size and b % multiple == 0 and b > 0)
+        if ok and b not in out:
+            out.append(b)
+    return out
+
+
+def choose_batch_size(batch_size: int, candidates: Iterable[int], noise_scale: float,
+                      throughput: Callable[[int], float], hysteresis: float) -> tuple[int, dict[int, float]]:
+    """The batch size to use next and the score of every candidate.
+
+    Args:
+      batch_size: the current B (kept unless another candidate wins by the margin).
+      candidates: batch sizes to compare (should include batch_size).
+      noise_scale: B_noise in samples (> 0).
+      throughput: B -> predicted pipeline samples/s.
+      hysteresis: a candidate must score below (1 - hysteresis) * score(B) to be chosen.
+
+    Returns:
+      (chosen B, {candidate: score}); lower scores are faster.
+    """
+    scores = {int(b): time_to_target_score(b, noise_scale, throughput(b)) for b in candidates}
+    if batch_size not in scores:
+        scores[batch_size] = time_to_target_score(batch_size, noise_scale, throughput(batch_size))
+    best = min(scores, key=scores.get)
+    if best != batch_size and scores[best] < (1.0 - hysteresis) * scores[batch_size]:
+        return best, scores
+    return batch_size, scores

@@ -1,0 +1,144 @@
+"""Online throughput models of the two sides of the pipeline, in samples per second.
+
+Generation (per engine, as a function of concurrency c = prompts per call):
+    X_gen(c) = c r1 / (1 + c / c_sat)      linear while memory-bound, flat once compute-bound
+  fitted as 1 / X = (1 / r1) (1 / c) + 1 / (r1 c_sat), least squares over the measured c's.
+Learner (as a function of the batch size B):
+    t_step(B) = t_fix + B t_sample,   X_train(B) = B / t_step(B)
+Each measured point is an EMA per distinct c (or B), so a model re-probes a concurrency or batch
+size it returns to, and its state stays small (a checkpoint holds it).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class _PointEMA:
+    """EMA of y per distinct x."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.points: dict[int, list[float]] = {}  # x -> [ema of y, weight, count]
+
+    def add(self, x: int, y: float) -> None:
+        if not (math.isfinite(y) and y > 0):
+            return
+        p = self.points.setdefault(int(x), [0.0, 0.0, 0])
+        p[0] = self.decay * p[0] + (1 - self.decay) * y
+        p[1] = self.decay * p[1] + (1 - self.decay)
+        p[2] += 1
+
+    def means(self) -> tuple[np.ndarray, np.ndarray]:
+        xs = sorted(self.points)
+        return (np.array(xs, np.float64),
+                np.array([self.points[x][0] / self.points[x][1] for x in xs], np.float64))
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "points": [[x, *p] for x, p in sorted(self.points.items())]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.decay = float(state["decay"])
+        self.points = {int(x): [float(y), float(w), int(n)] for x, y, w, n in state["points"]}
+
+
+class GenerationThroughput:
+    """Samples/s of the generation side at concurrency c (num_engines engines in parallel).
+
+    Args:
+      num_engines: engines generating in parallel (actors); X_gen is per engine times this.
+      saturation_prior: c_sat / c assumed while only one concurrency has been measured.
+      decay: EMA decay of each measured point.
+    """
+
+    def __init__(self, num_engines: int = 1, saturation_prior: float = 1.0, decay: float = 0.8):
+        self.num_engines = num_engines
+        self.saturation_prior = saturation_prior
+        self.ema = _PointEMA(decay)
+
+    def observe(self, concurrency: int, samples_per_second: float) -> None:
+        """One engine's measured rate while busy (samples per second of engine time) at `concurrency`."""
+        self.ema.add(concurrency, samples_per_second)
+
+    def curve(self) -> tuple[float, float] | None:
+        """(r1, c_sat) of the fitted per-engine curve; c_sat = inf when not saturating; None if unmeasured."""
+        cs, rates = self.ema.means()
+        if len(cs) == 0:
+            return None
+        if len(cs) == 1:
+            c0, x0 = cs[0], rates[0]
+            c_sat = self.saturation_prior * c0
+            return float(x0 * (1 + c0 / c_sat) / c0), float(c_sat)
+        a, b = np.polyfit(1.0 / cs, 1.0 / rates, 1)  # 1/X = a (1/c) + b
+        if a <= 0:  # rate does not grow with c: flat at the best measured rate
+            return float(rates.max() * 1e6), float(cs[np.argmax(rates)] * 1e-6)
+        r1 = 1.0 / a
+        c_sat = math.inf if b <= 0 else 1.0 / (r1 * b)
+        return float(r1), float(c_sat)
+
+    def predict(self, concurrency: float) -> float | None:
+        """Predicted samples/s of all engines at `concurrency` (None before any measurement)."""
+        fit = self.curve()
+        if fit is None:
+            return None
+        r1, c_sat = fit
+        return self.num_engines * concurrency * r1 / (1 + concurrency / c_sat)
+
+    def state_dict(self) -> dict:
+        return {"num_engines": self.num_engines, "saturation_prior": self.saturation_prior,
+                "ema": self.ema.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.num_engines = int(state["num_engines"])
+        self.saturation_prior = float(state["saturation_prior"])
+        self.ema.load_state_dict(state["ema"])
+
+
+class LearnerThroughput:
+    """Samples/s of the learner at batch size B: t_step = t_fix + B t_sample.
+
+    With one measured B the fixed cost cannot be separated: t_fix = 0 (X_train flat in B).
+    """
+
+    def __init__(self, decay: float = 0.8):
+        self.ema = _PointEMA(decay)
+
+    def observe(self, batch_size: int, step_seconds: float) -> None:
+        """One update of `batch_size` samples took `step_seconds` of learner time."""
+        self.ema.add(batch_size, step_seconds)
+
+    def cost(self) -> tuple[float, float] | None:
+        """(t_fix seconds, t_sample seconds per sample), or None before any measurement."""
+        bs, ts = self.ema.means()
+        if len(bs) == 0:
+            return None
+        if len(bs) == 1:
+            return 0.0, float(ts[0] / bs[0])
+        slope, intercept = np.polyfit(bs, ts, 1)
+        if slope <= 0:  # noise swamped the per-sample cost: treat as per-sample only
+            return 0.0, float(np.mean(ts / bs))
+        if intercept < 0:  # no negative fixed cost: refit through the origin
+            return 0.0, float(np.sum(bs * ts) / np.sum(bs * bs))
+        return float(intercept), float(slope)
+
+    def predict(self, batch_size: float) -> float | None:
+        """Predicted learner samples/s at `batch_size` (None before any measurement)."""
+        c = self.cost()
+        if c is None:
+            return None
+        t_fix, t_sample = c
+        return batch_size / (t_fix + batch_size * t_sample)
+
+    def state_dict(self) -> dict:
+        return {"ema": self.ema.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ema.load_state_dict(state["ema"])
+
+
+def pipeline_throughput(x_gen: float, x_train: float, asynchronous: bool) -> float:
+    """Samples/s of the whole pipeline: min of the two sides if they overlap, harmonic if they alternate."""
+    if asynchronous:
+        return min(x_gen, x_train)
+    return 1.0 / (1.0 / x_gen + 1.0 / x_train)

@@ -1,0 +1,142 @@
+"""Rescaling on B -> kB: exactly the rule's lr, betas and eps, Adam moments kept, no recompilation."""
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from learner.batching import build_microbatches
+from learner.config import LearnerConfig, OptimizerConfig
+from learner.controller import BatchSizeController, ControllerConfig, rescale, scaled_optimizer
+from learner.loop import Decision, LearnerLoop, LoopSettings
+from learner.train_step import TrainStep
+from protocols.admission import AdmissionGate
+
+V, T, D, PAD = 12, 8, 8, 0
+BASE = {"learning_rate": 1e-3, "b1": 0.9, "b2": 0.99, "eps": 1e-8}
+
+
+class Group(NamedTuple):
+    prompt_id: str
+    task: str
+    prompt_tokens: list
+    completion_tokens: list
+    behavior_logprobs: list
+    rewards: list
+    policy_version: int
+    actor_id: str = "a"
+    timings: Any = None
+
+
+def logits_fn(params, tokens, positions, mask):
+    del mask
+    return jnp.tanh(params["embed"][tokens] + params["pos"][positions]) @ params["head"]  # [B, T, V]
+
+
+def groups(n, seed, g=4):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        comps = [[int(x) for x in rng.integers(2, V, rng.integers(1, 6))] for _ in range(g)]
+        out.append(Group(f"g{i}", "t", [1, 2], comps, [[-1.0] * len(c) for c in comps],
+                         [float(x) for x in rng.random(g)], 0))
+    return out
+
+
+@pytest.mark.parametrize("k", [2.0, 0.5, 4.0, 0.25])
+def test_rule_values(k):
+    s = rescale(BASE, k, "sqrt")
+    assert s["learning_rate"] == pytest.approx(1e-3 * math.sqrt(k), rel=1e-12)
+    assert s["b1"] == pytest.approx(0.9**k, rel=1e-12) and s["b2"] == pytest.approx(0.99**k, rel=1e-12)
+    assert s["eps"] == pytest.approx(1e-8 / math.sqrt(k), rel=1e-12)
+    lin = rescale(BASE, k, "linear")
+    assert lin == {**BASE, "learning_rate": pytest.approx(1e-3 * k)}
+    assert rescale(BASE, k, "none") == BASE
+    # from the reference point, B -> kB -> B is the identity
+    back = rescale(BASE, 1.0, "sqrt")
+    assert back == pytest.approx(BASE)
+
+
+def test_scaled_optimizer_for_fixed_batch_runs():
+    opt = scaled_optimizer(OptimizerConfig(lr=1e-3, b1=0.9, b2=0.99, eps=1e-8), 128, 512, "sqrt")
+    assert (opt.lr, opt.b1, opt.b2, opt.eps) == pytest.approx((2e-3, 0.9**4, 0.99**4, 5e-9))
+    with pytest.raises(ValueError, match="scaling"):
+        rescale(BASE, 2.0, "cubic")
+
+
+class GrowCurve:
+    """Generation that is free until far beyond B: doubling B doubles throughput."""
+
+    def observe(self, *a):
+        pass
+
+    def predict(self, c):
+        return 100.0 * c
+
+    def curve(self):
+        return None
+
+
+def test_controller_change_applied_through_the_loop_keeps_moments_and_compiles_nothing():
+    cfg = LearnerConfig(batch_size=8, microbatch_size=4, group_size=4, optimizer=OptimizerConfig(lr=1e-3))
+    ts = TrainStep(logits_fn, cfg)
+    rng = np.random.default_rng(0)
+    params = {"embed": jnp.asarray(rng.normal(size=(V, D)), jnp.float32),
+              "pos": jnp.asarray(rng.normal(size=(T, D)), jnp.float32),
+              "head": jnp.asarray(rng.normal(size=(D, V)), jnp.float32)}
+    state = ts.init(params)
+    gate = AdmissionGate(8, 1)
+    loop = LearnerLoop(ts, None, gate, None, LoopSettings(8, 4, 4, T, PAD, cfg.grpo))
+    ccfg = ControllerConfig(enabled=True, window=2, dwell=0, min_batch_size=4, max_batch_size=64,
+                            warmup_steps=5, min_ess=0.0, max_clip_frac=1.0)  # estimators fed by hand
+    ctrl = BatchSizeController(ccfg, cfg, generation=GrowCurve())
+    ctrl.noise.update([1.5, 1.5], 1.0, 4, 8)  # |G|^2 0.5, tr 4: B_noise 8, so B 8 -> 16 pays 25%
+    ctrl.learner.observe(8, 0.001)
+    ctrl.learner.observe(16, 0.001)  # fixed cost only: a larger B is free on the learner too
+
+    decision = None
+    for step in (1, 2):
+        mbs, stats = build_microbatches(groups(loop.batch_size // 4, step), T, 4, PAD, cfg.grpo)
+        state, m = ts.update(state, mbs, stats["num_tokens"])
+        m.update(batch_size=loop.batch_size, **{"actors/concurrency": 2})
+        decision = ctrl.after_step(step, m)
+    assert decision is not None and decision.batch_size == 16, decision
+    assert decision.concurrency == 4  # actors follow B
+    sizes = ts.cache_sizes()
+    mu_before = jax.tree.map(np.asarray, state.opt_state)
+    state = loop.apply(state, decision)
+    assert loop.batch_size == 16 and gate.batch_size == 16
+    got = ts.get_hyperparams(state)
+    want = rescale(BASE, 2.0, "sqrt")
+    for name in ("learning_rate", "b1", "b2", "eps"):
+        assert got[name] == float(np.float32(want[name])), name  # exact, in the state's float32
+    # Adam's moments and count are the same arrays as before the change
+    adam_before = [s for s in jax.tree.leaves(mu_before, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+                   if isinstance(s, optax.ScaleByAdamState)]
+    adam_after = [s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+                  if isinstance(s, optax.ScaleByAdamState)]
+    assert len(adam_before) == len(adam_after) == 1
+    for a, b in zip(jax.tree.leaves(adam_before), jax.tree.leaves(adam_after)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # the next update runs at B = 16 (4 microbatches) with the new values and compiles nothing
+    mbs, stats = build_microbatches(groups(4, 9), T, 4, PAD, cfg.grpo)
+    state, m = ts.update(state, mbs, stats["num_tokens"])
+    assert m["num_microbatches"] == 4 and m["learning_rate"] == float(np.float32(want["learning_rate"]))
+    assert ts.cache_sizes() == sizes
+
+
+def test_fixed_batch_with_another_base_applies_the_rule_once():
+    from launch.config import load_config
+    from learner.controller import make_controller
+
+    cfg = load_config(overrides=["learner.batch_size=64", "controller.base_batch_size=16"])
+    ctrl = make_controller(cfg.controller, cfg.learner, cfg.actors)
+    d = ctrl.after_step(1, {"batch_size": 64})
+    assert d.batch_size is None and d.hyperparams == pytest.approx(
+        rescale({"learning_rate": cfg.learner.optimizer.lr, "b1": cfg.learner.optimizer.b1,
+                 "b2": cfg.learner.optimizer.b2, "eps": cfg.learner.optimizer.eps}, 4.0, "sqrt"))
+    assert make_controller(dataclasses.replace(cfg.controller, base_batch_size=0), cfg.learner, cfg.actors) is None
