@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from learner.algorithms.grpo import group_advantages
+from learner.algorithms.grpo import batch_std_advantages, group_advantages
 
 
 class Microbatch(NamedTuple):
@@ -35,6 +35,7 @@ class Microbatch(NamedTuple):
     loss_mask: Any  # [M, T] float32: 1 on completion tokens
     behavior_logprobs: Any  # [M, T] float32: sampler log-probs aligned with tokens, 0 elsewhere
     advantages: Any  # [M] float32: one advantage per sample
+    rewards: Any = None  # [M] float32: the sample's verifiable reward (PPO puts it on the last token)
 
 
 def empty_microbatch(microbatch_size: int, seq_len: int, pad_id: int) -> Microbatch:
@@ -47,11 +48,18 @@ def empty_microbatch(microbatch_size: int, seq_len: int, pad_id: int) -> Microba
         loss_mask=np.zeros((m, t), np.float32),
         behavior_logprobs=np.zeros((m, t), np.float32),
         advantages=np.zeros((m,), np.float32),
+        rewards=np.zeros((m,), np.float32),
     )
 
 
 def _advantages_per_group(groups: Sequence[Any], grpo_cfg) -> list[np.ndarray]:
-    """Group advantages, one [G] array per group; groups of equal size are computed together."""
+    """Group advantages, one [G] array per group; groups of equal size are computed together.
+
+    With scale_by_std and std_scope "batch", every group is centered on its own mean and divided
+    by the std of all centered rewards of the batch.
+    """
+    if grpo_cfg.scale_by_std and getattr(grpo_cfg, "std_scope", "group") == "batch":
+        return batch_std_advantages([g.rewards for g in groups], grpo_cfg.std_eps)
     by_size: dict[int, list[int]] = defaultdict(list)
     for i, group in enumerate(groups):
         by_size[len(group.rewards)].append(i)
@@ -75,7 +83,7 @@ def build_microbatches(
       seq_len: T, the fixed row length (prompt + completion).
       microbatch_size: M, rows per microbatch.
       pad_id: token id of padding.
-      grpo_cfg: GRPOConfig (scale_by_std, std_eps).
+      grpo_cfg: GRPOConfig (scale_by_std, std_scope, std_eps).
 
     Returns:
       (microbatches, stats). stats: num_tokens (total completion tokens kept: the global
@@ -111,7 +119,8 @@ def build_microbatches(
     for g, adv in zip(groups, advantages):
         prompt = np.asarray(g.prompt_tokens, np.int32)
         p = len(prompt)
-        for completion, behavior, a in zip(g.completion_tokens, g.behavior_logprobs, adv):
+        for completion, behavior, a, r in zip(g.completion_tokens, g.behavior_logprobs, adv,
+                                              g.rewards):
             if len(behavior) != len(completion):
                 raise ValueError(
                     f"group {g.prompt_id!r}: completion of {len(completion)} tokens has "
@@ -126,6 +135,7 @@ def build_microbatches(
             rows.loss_mask[row, p : p + c] = 1.0
             rows.behavior_logprobs[row, p : p + c] = np.asarray(behavior[:c], np.float32)
             rows.advantages[row] = a
+            rows.rewards[row] = r
             row += 1
 
     microbatches = [
@@ -153,28 +163,36 @@ def build_microbatches(
     return microbatches, stats
 
 
-# ---- one-buffer transfer: a microbatch as a single int32 array [M, 5T + 1] ----
+# ---- one-buffer transfer: a microbatch as a single int32 array [M, 5T + 1] (+1 with rewards) ----
 # Six small host->device copies per microbatch cost more host time than the data is worth; the
 # train step sends one packed buffer instead and unpacks it inside jit (float fields travel as
 # their bit patterns, so the round trip is exact).
 
 
-def pack_microbatch(mb: Microbatch) -> np.ndarray:
-    """[M, 5T + 1] int32: tokens | positions | mask | loss_mask bits | behavior bits | advantage bits."""
-    f32_bits = lambda x: np.ascontiguousarray(np.asarray(x, np.float32)).view(np.int32)  # noqa: E731
-    return np.concatenate([
+def _f32_bits(x) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(x, np.float32)).view(np.int32)
+
+
+def pack_microbatch(mb: Microbatch, include_rewards: bool = False) -> np.ndarray:
+    """[M, 5T + 1] int32: tokens | positions | mask | loss_mask bits | behavior bits | advantage
+    bits; include_rewards appends a column of reward bits ([M, 5T + 2]; PPO needs them)."""
+    fields = [
         np.asarray(mb.tokens, np.int32),
         np.asarray(mb.positions, np.int32),
         np.asarray(mb.mask, np.int32),
-        f32_bits(mb.loss_mask),
-        f32_bits(mb.behavior_logprobs),
-        f32_bits(mb.advantages)[:, None],
-    ], axis=1)
+        _f32_bits(mb.loss_mask),
+        _f32_bits(mb.behavior_logprobs),
+        _f32_bits(mb.advantages)[:, None],
+    ]
+    if include_rewards:
+        rewards = mb.rewards if mb.rewards is not None else np.zeros(len(mb.advantages), np.float32)
+        fields.append(_f32_bits(rewards)[:, None])
+    return np.concatenate(fields, axis=1)
 
 
-def unpack_microbatch(packed) -> Microbatch:
-    """Inverse of pack_microbatch (jnp; use inside jit). seq_len is (width - 1) // 5."""
-    t = (packed.shape[1] - 1) // 5
+def unpack_microbatch(packed, has_rewards: bool = False) -> Microbatch:
+    """Inverse of pack_microbatch (jnp; use inside jit). seq_len is (width - 1 - has_rewards) // 5."""
+    t = (packed.shape[1] - 1 - int(has_rewards)) // 5
     bits = lambda x: lax.bitcast_convert_type(x, jnp.float32)  # noqa: E731
     return Microbatch(
         tokens=packed[:, :t],
@@ -183,4 +201,5 @@ def unpack_microbatch(packed) -> Microbatch:
         loss_mask=bits(packed[:, 3 * t : 4 * t]),
         behavior_logprobs=bits(packed[:, 4 * t : 5 * t]),
         advantages=bits(packed[:, 5 * t]),
+        rewards=bits(packed[:, 5 * t + 1]) if has_rewards else None,
     )

@@ -1,4 +1,4 @@
-"""Learner sub-configs: optimizer, GRPO objective, supervised warm-up, and the learner itself.
+"""Learner sub-configs: optimizer, GRPO-family objective, PPO critic, warm-up, and the learner.
 
 Each is a frozen dataclass whose `validate()` raises ValueError("<field>: <problem>"); the config
 loader prefixes the dotted key of the sub-config. `LearnerConfig.validate()` also validates its
@@ -53,6 +53,21 @@ class GRPOConfig:
     is_cap: float = 2.0  # Truncation cap of the behavior importance weight; <= 0 disables the cap.
     temperature: float = 1.0  # Sampling temperature; the learner divides logits by it.
     entropy_coef: float = 0.0  # Weight of the token-mean entropy bonus (subtracted from the loss).
+    # Which std divides the group-centered rewards when scale_by_std: each group's own ("group",
+    # GRPO) or the std of all centered rewards of the batch ("batch", robust to easy prompts).
+    std_scope: Literal["group", "batch"] = "group"
+    # Loss aggregation over tokens: "token_mean" (every token weighs the same, DAPO),
+    # "seq_mean_token_mean" (mean over each sequence, then over sequences: original GRPO),
+    # "seq_sum_norm" (each sequence's sum / aggregation_constant, mean over sequences: Dr.GRPO).
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"] = "token_mean"
+    aggregation_constant: int = 0  # Divisor of seq_sum_norm; 0 uses the row length (seq_len).
+    # Importance ratio per token (PPO/GRPO) or per sequence as the geometric mean of its token
+    # ratios (GSPO; use with a small clip range, e.g. clip_low=3e-4, clip_high=4e-4).
+    importance_level: Literal["token", "sequence"] = "token"
+    dynamic_sampling: bool = False  # Drop groups with zero advantage variance, draw until full (DAPO).
+    # Dynamic sampling guard: after this many groups dropped in a row the next one is kept anyway
+    # (a converged policy would otherwise wait forever); counted as "dynamic_sampling_guard".
+    max_consecutive_drops: int = 1024
 
     def validate(self) -> None:
         """Raises ValueError("<field>: <problem>") on an out-of-range field."""
@@ -70,6 +85,61 @@ class GRPOConfig:
             raise ValueError(f"temperature: must be > 0, got {self.temperature}")
         if self.entropy_coef < 0:
             raise ValueError(f"entropy_coef: must be >= 0, got {self.entropy_coef}")
+        _check_choice("std_scope", self.std_scope, ("group", "batch"))
+        _check_choice("aggregation", self.aggregation,
+                      ("token_mean", "seq_mean_token_mean", "seq_sum_norm"))
+        if self.aggregation_constant < 0:
+            raise ValueError(f"aggregation_constant: must be >= 0, got {self.aggregation_constant}")
+        _check_choice("importance_level", self.importance_level, ("token", "sequence"))
+        if self.max_consecutive_drops < 1:
+            raise ValueError(f"max_consecutive_drops: must be >= 1, got {self.max_consecutive_drops}")
+
+
+def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """PPO with a learned value function: GAE, clipped value loss, optional KL to a reference.
+
+    The policy side reuses GRPOConfig (clip range, off-policy correction, importance level,
+    aggregation, temperature, entropy bonus); only the advantages come from the critic.
+    """
+
+    gamma: float = 1.0  # Discount of the per-token rewards (1: the verifiable reward is undiscounted).
+    gae_lambda: float = 0.95  # GAE lambda: 1 is Monte Carlo returns minus V, 0 is one-step TD.
+    # "value_head": a linear head on the policy's final hidden states (shared trunk; the value loss
+    # also trains the trunk); "separate": a critic model of the same architecture, its own trunk.
+    critic: Literal["value_head", "separate"] = "value_head"
+    value_coef: float = 0.5  # Weight of the value loss in the total loss.
+    value_clip: float = 0.2  # Value-loss clipping around the values at the start of the step; 0 off.
+    critic_lr: float = 3e-3  # Adam learning rate of the critic parameters (head, or critic model).
+    whiten_advantages: bool = True  # Normalize GAE advantages to zero mean, unit std over the batch.
+    kl_coef: float = 0.0  # Weight of the KL penalty to the frozen reference policy; 0 disables it.
+    kl_estimator: Literal["k1", "k3"] = "k1"  # k1: log(pi/ref); k3: ref/pi - 1 - log(ref/pi).
+    # Where the KL penalty enters: as a per-token reward before GAE ("reward", InstructGPT) or as a
+    # differentiable loss term ("loss", GRPO-style).
+    kl_placement: Literal["reward", "loss"] = "reward"
+
+    def validate(self) -> None:
+        """Raises ValueError("<field>: <problem>") on an out-of-range field."""
+        for name in ("gamma", "gae_lambda"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}: must be in [0, 1], got {value}")
+        _check_choice("critic", self.critic, ("value_head", "separate"))
+        if self.value_coef < 0:
+            raise ValueError(f"value_coef: must be >= 0, got {self.value_coef}")
+        if self.value_clip < 0:
+            raise ValueError(f"value_clip: must be >= 0 (0 disables), got {self.value_clip}")
+        if not self.critic_lr > 0:
+            raise ValueError(f"critic_lr: must be > 0, got {self.critic_lr}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef: must be >= 0, got {self.kl_coef}")
+        _check_choice("kl_estimator", self.kl_estimator, ("k1", "k3"))
+        _check_choice("kl_placement", self.kl_placement, ("reward", "loss"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,16 +164,19 @@ class SFTConfig:
 class LearnerConfig:
     """The learner: batch geometry, objective, optimizer, warm-up."""
 
+    algorithm: Literal["grpo", "ppo"] = "grpo"  # Objective: group advantages, or PPO with a critic.
     batch_size: int = 128  # Samples per update (prompts x group_size).
     microbatch_size: int = 32  # Samples per jitted gradient accumulation step.
     group_size: int = 8  # Completions per prompt (G).
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)  # Adam(W).
-    grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # The RL objective.
+    grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # The policy objective.
+    ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)  # Critic side (algorithm=ppo).
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)  # Supervised warm-up.
     seed: int = 0  # Seed of the learner's parameter init.
 
     def validate(self) -> None:
         """Raises ValueError("<field>: <problem>"); nested fields read "<sub>.<field>: ..."."""
+        _check_choice("algorithm", self.algorithm, ("grpo", "ppo"))
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.microbatch_size < 1:
@@ -120,7 +193,7 @@ class LearnerConfig:
                 f"batch_size: must be a multiple of group_size ({self.group_size}), "
                 f"got {self.batch_size}"
             )
-        for key in ("optimizer", "grpo", "sft"):
+        for key in ("optimizer", "grpo", "ppo", "sft"):
             try:
                 getattr(self, key).validate()
             except ValueError as err:

@@ -1,4 +1,4 @@
-"""The jitted GRPO train step: gradient accumulation over fixed-shape microbatches, one Adam update.
+"""The jitted GRPO-family train step: gradient accumulation over fixed-shape microbatches, one Adam update.
 
 Host loop per update (TrainStep.update):
   grads = zeros(params)
@@ -38,6 +38,12 @@ class LearnerState(NamedTuple):
     step: int  # host int: optimizer updates applied so far
 
 
+def count_sequences(microbatches: Sequence[Microbatch]) -> int:
+    """Rows holding at least one completion token (the global normalizer of sequence-level
+    aggregations; padding rows do not count)."""
+    return int(sum(np.count_nonzero(np.asarray(mb.loss_mask).sum(axis=-1)) for mb in microbatches))
+
+
 def _sum_squares(tree) -> jax.Array:
     leaves = jax.tree.leaves(tree)
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
@@ -69,20 +75,21 @@ class TrainStep:
 
     # ---- pure functions (traced) ----
 
-    def loss_fn(self, params, mb: Microbatch, num_tokens) -> tuple[jax.Array, dict]:
-        """GRPO loss of one microbatch normalized by the global token count; (loss, metrics)."""
+    def loss_fn(self, params, mb: Microbatch, num_tokens, num_sequences=None) -> tuple[jax.Array, dict]:
+        """GRPO loss of one microbatch normalized by the global token (and sequence) counts;
+        (loss, metrics). num_sequences defaults to the microbatch's own rows with tokens."""
         grpo = self.cfg.grpo
         logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
         logprobs, entropy = token_logprobs_and_entropy(logits, mb.tokens, grpo.temperature)
         return grpo_token_loss(
             logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
-            entropy=entropy,
+            entropy=entropy, num_sequences=num_sequences,
         )
 
-    def _accumulate_impl(self, params, grads, packed, num_tokens):
+    def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences):
         mb = unpack_microbatch(packed)  # [M, 5T + 1] int32 -> Microbatch
         (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
-            params, mb, num_tokens
+            params, mb, num_tokens, num_sequences
         )
         grads = jax.tree.map(jnp.add, grads, mb_grads)
         # One small vector per microbatch: the metrics (additive) and this microbatch's grad-norm^2,
@@ -119,10 +126,11 @@ class TrainStep:
         # One buffer per microbatch, all host->device copies started at once.
         packed = jax.device_put([pack_microbatch(mb) for mb in microbatches])
         n = jnp.asarray(max(int(num_tokens), 1), jnp.float32)  # strong f32: one jit signature
+        s = jnp.asarray(max(count_sequences(microbatches), 1), jnp.float32)
         grads = self._zeros(params)
         per_mb = []
         for mb in packed:
-            grads, stats = self._accumulate(params, grads, mb, n)
+            grads, stats = self._accumulate(params, grads, mb, n, s)
             per_mb.append(stats)
         return grads, per_mb
 

@@ -6,11 +6,13 @@ objectives (PPO, DAPO, GSPO, ...) add a mode to a table instead of copying the l
   advantages   group_advantages                     rewards [N, G] -> advantages [N, G]
   correction   CORRECTIONS[cfg.correction]           logprobs -> (ratio, importance weight) [B, T]
   surrogate    clipped_surrogate                     ratio, advantage -> objective, clipped [B, T]
-  aggregation  token_sum                             per-token values -> scalar (/ global tokens)
+  importance   importance_ratio_and_weight           per token, or per sequence (GSPO)
+  aggregation  AGGREGATIONS[cfg.aggregation]         per-token values -> scalar (global normalizers)
   diagnostics  mismatch_metrics, finalize_metrics    sampler vs learner mismatch, ESS
 
 Every metric returned by `grpo_token_loss` is a masked token sum divided by the GLOBAL number of
-completion tokens, so metrics (like the loss and its gradient) add up exactly over microbatches;
+completion tokens, and the loss is normalized by the GLOBAL token / sequence counts of the batch,
+so metrics (like the loss and its gradient) add up exactly over microbatches;
 `finalize_metrics` turns the sums into ratios that do not add up (the ESS).
 """
 
@@ -53,7 +55,54 @@ def group_advantages(rewards: jax.Array, scale_by_std: bool = True, eps: float =
     return xp.where(constant, xp.float32(0.0), centered).astype(xp.float32)
 
 
-# ---- off-policy corrections: (logprobs, behavior, proximal, is_cap) -> (ratio, weight) [B, T] ----
+def batch_std_advantages(rewards_per_group, eps: float = 1e-6) -> list[np.ndarray]:
+    """Group-centered rewards divided by ONE std: that of all centered rewards of the batch (host).
+
+    Groups may differ in size. A group with equal rewards stays exactly 0.
+
+    Args:
+      rewards_per_group: sequence of [G_i] reward arrays.
+      eps: added to the batch std before dividing.
+
+    Returns:
+      list of [G_i] float32 advantages.
+    """
+    centered = [group_advantages(np.asarray(r, np.float32)[None], False)[0] for r in rewards_per_group]
+    flat = np.concatenate(centered) if centered else np.zeros(0, np.float32)
+    std = float(np.sqrt(np.mean(flat.astype(np.float64) ** 2))) if flat.size else 0.0
+    return [(c / np.float32(std + eps)).astype(np.float32) for c in centered]
+
+
+# ---- off-policy corrections: (logprobs, behavior, proximal) -> (log ratio, log weight | None) ----
+# The ratio r is what the clip acts on (differentiable); the weight w multiplies the objective and
+# is never differentiated. They are returned in log space so a sequence-level ratio (GSPO) is just
+# the masked mean of the token log-ratios.
+
+
+def _decoupled_log(logprobs, behavior_logprobs, proximal_logprobs):
+    # AReaL: the trust region is around the proximal policy (the learner at the start of the step);
+    # the sampler's staleness is corrected by a truncated, non-differentiated importance weight.
+    return logprobs - proximal_logprobs, jax.lax.stop_gradient(proximal_logprobs - behavior_logprobs)
+
+
+def _coupled_log(logprobs, behavior_logprobs, proximal_logprobs):
+    # Standard PPO with the sampler as the old policy: the clip also bounds the staleness.
+    del proximal_logprobs
+    return logprobs - behavior_logprobs, None
+
+
+def _no_correction_log(logprobs, behavior_logprobs, proximal_logprobs):
+    # Plain on-policy policy gradient: ratio == 1 with gradient d log pi; the sampler is ignored.
+    del behavior_logprobs, proximal_logprobs
+    return logprobs - jax.lax.stop_gradient(logprobs), None
+
+
+LogCorrection = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array | None]]
+LOG_CORRECTIONS: dict[str, LogCorrection] = {
+    "decoupled": _decoupled_log,
+    "coupled": _coupled_log,
+    "none": _no_correction_log,
+}
 
 
 def _capped_weight(log_weight: jax.Array, is_cap: float) -> jax.Array:
@@ -61,34 +110,64 @@ def _capped_weight(log_weight: jax.Array, is_cap: float) -> jax.Array:
     return jnp.minimum(weight, is_cap) if is_cap > 0 else weight
 
 
-def _decoupled(logprobs, behavior_logprobs, proximal_logprobs, is_cap):
-    # AReaL: the trust region is around the proximal policy (the learner at the start of the step);
-    # the sampler's staleness is corrected by a truncated, non-differentiated importance weight.
-    ratio = jnp.exp(logprobs - proximal_logprobs)
-    weight = _capped_weight(proximal_logprobs - behavior_logprobs, is_cap)
-    return ratio, jax.lax.stop_gradient(weight)
+def sequence_mean(values: jax.Array, loss_mask: jax.Array) -> jax.Array:
+    """[B, T] -> [B, 1]: the masked mean over each row's tokens (0 for a row without tokens)."""
+    lengths = jnp.sum(loss_mask, axis=-1, keepdims=True)  # [B, 1]
+    return jnp.sum(values * loss_mask, axis=-1, keepdims=True) / jnp.maximum(lengths, 1.0)
 
 
-def _coupled(logprobs, behavior_logprobs, proximal_logprobs, is_cap):
-    # Standard PPO with the sampler as the old policy: the clip also bounds the staleness.
-    del proximal_logprobs, is_cap
-    ratio = jnp.exp(jnp.clip(logprobs - behavior_logprobs, -MAX_LOG_RATIO, MAX_LOG_RATIO))
-    return ratio, jnp.ones_like(ratio)
+def importance_ratio_and_weight(
+    logprobs: jax.Array,
+    behavior_logprobs: jax.Array,
+    proximal_logprobs: jax.Array,
+    loss_mask: jax.Array,
+    correction: str,
+    is_cap: float,
+    level: str = "token",
+) -> tuple[jax.Array, jax.Array]:
+    """The ratio the clip acts on and the truncated importance weight, both [B, T].
 
+    level "token": r_t = exp(log r_t), w_t = min(exp(log w_t), is_cap).
+    level "sequence" (GSPO): every token of row b gets s_b = exp(mean_t log r_t) and
+    min(exp(mean_t log w_t), is_cap), the length-normalized sequence likelihood ratio, whose
+    gradient is s_b * mean_t d log pi_t.
 
-def _no_correction(logprobs, behavior_logprobs, proximal_logprobs, is_cap):
-    # Plain on-policy policy gradient: ratio == 1 with gradient d log pi; the sampler is ignored.
-    del behavior_logprobs, proximal_logprobs, is_cap
-    ratio = jnp.exp(logprobs - jax.lax.stop_gradient(logprobs))
-    return ratio, jnp.ones_like(ratio)
+    Args:
+      logprobs, behavior_logprobs, proximal_logprobs: [B, T] (0 off the mask).
+      loss_mask: [B, T] float, 1 on completion tokens.
+      correction: a key of LOG_CORRECTIONS.
+      is_cap: cap of the weight; <= 0 disables it.
+      level: "token" or "sequence".
+
+    Returns:
+      (ratio [B, T], weight [B, T] with no gradient; ones where the correction has none).
+    """
+    log_ratio, log_weight = LOG_CORRECTIONS[correction](logprobs, behavior_logprobs, proximal_logprobs)
+    if level == "sequence":
+        log_ratio = jnp.broadcast_to(sequence_mean(log_ratio, loss_mask), log_ratio.shape)
+        if log_weight is not None:
+            log_weight = jnp.broadcast_to(sequence_mean(log_weight, loss_mask), log_weight.shape)
+    elif level != "token":
+        raise ValueError(f"importance level must be 'token' or 'sequence', got {level!r}")
+    ratio = jnp.exp(jnp.clip(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    if log_weight is None:
+        return ratio, jnp.ones_like(ratio)
+    return ratio, jax.lax.stop_gradient(_capped_weight(log_weight, is_cap))
 
 
 Correction = Callable[[jax.Array, jax.Array, jax.Array, float], tuple[jax.Array, jax.Array]]
-CORRECTIONS: dict[str, Correction] = {
-    "decoupled": _decoupled,
-    "coupled": _coupled,
-    "none": _no_correction,
-}
+
+
+def _token_level(name: str) -> Correction:
+    def correction(logprobs, behavior_logprobs, proximal_logprobs, is_cap):
+        ones = jnp.ones_like(logprobs)
+        return importance_ratio_and_weight(
+            logprobs, behavior_logprobs, proximal_logprobs, ones, name, is_cap, "token")
+    return correction
+
+
+# Token-level (ratio, weight) per correction name, for callers that do not need the level.
+CORRECTIONS: dict[str, Correction] = {name: _token_level(name) for name in LOG_CORRECTIONS}
 
 
 def clipped_surrogate(
@@ -121,6 +200,40 @@ def token_sum(values: jax.Array, loss_mask: jax.Array, num_tokens) -> jax.Array:
     full-batch mean, for the loss, its gradient and the metrics alike.
     """
     return jnp.sum(values * loss_mask) / num_tokens
+
+
+def seq_mean_token_mean(values, loss_mask, num_tokens, num_sequences, constant) -> jax.Array:
+    """Mean over each sequence's tokens, then sum / the global number of sequences."""
+    del num_tokens, constant
+    return jnp.sum(sequence_mean(values, loss_mask)) / num_sequences
+
+
+def seq_sum_norm(values, loss_mask, num_tokens, num_sequences, constant) -> jax.Array:
+    """Each sequence's token sum / a constant, then sum / the global number of sequences (Dr.GRPO)."""
+    del num_tokens
+    return jnp.sum(values * loss_mask) / (num_sequences * constant)
+
+
+Aggregation = Callable[..., jax.Array]
+# (values [B, T], loss_mask [B, T], num_tokens, num_sequences, constant) -> scalar; num_tokens and
+# num_sequences are GLOBAL counts (whole batch), so microbatch results add up to the batch value.
+AGGREGATIONS: dict[str, Aggregation] = {
+    "token_mean": lambda v, m, n_tok, n_seq, c: token_sum(v, m, n_tok),
+    "seq_mean_token_mean": seq_mean_token_mean,
+    "seq_sum_norm": seq_sum_norm,
+}
+
+
+def aggregate(values, loss_mask, cfg, num_tokens, num_sequences=None) -> jax.Array:
+    """Aggregates per-token values with cfg.aggregation (GRPOConfig); see AGGREGATIONS.
+
+    num_sequences defaults to the rows of this (micro)batch that hold a completion token.
+    """
+    mode = getattr(cfg, "aggregation", "token_mean")
+    if num_sequences is None:
+        num_sequences = jnp.maximum(jnp.sum(jnp.any(loss_mask > 0, axis=-1)), 1)
+    constant = getattr(cfg, "aggregation_constant", 0) or values.shape[-1]
+    return AGGREGATIONS[mode](values, loss_mask, num_tokens, num_sequences, float(constant))
 
 
 def mismatch_metrics(
@@ -165,22 +278,27 @@ def grpo_token_loss(
     cfg,
     entropy: jax.Array | None = None,
     proximal_logprobs: jax.Array | None = None,
+    num_sequences=None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The GRPO loss of a (micro)batch: clipped surrogate, token-level aggregation, correction.
+    """The GRPO-family loss of a (micro)batch: clipped surrogate, correction, aggregation.
 
-    loss = -sum_{masked t} w_t * min(r_t A, clip(r_t) A) / num_tokens - entropy_coef * mean entropy
-    with (r, w) from CORRECTIONS[cfg.correction] (see GRPOConfig.correction).
+    loss = -AGG_t[w_t * min(r_t A_t, clip(r_t) A_t)] - entropy_coef * mean entropy
+    with (r, w) from importance_ratio_and_weight (cfg.correction, cfg.importance_level) and AGG
+    the aggregation cfg.aggregation (default token_mean: sum over masked tokens / num_tokens).
 
     Args:
       logprobs: [B, T] learner log-probs of the tokens (differentiable).
       behavior_logprobs: [B, T] the sampler's log-probs of the same tokens (0 off the mask).
-      advantages: [B] one advantage per sample (sequence), broadcast over its tokens.
+      advantages: [B] one advantage per sample (broadcast over its tokens), or [B, T] per token.
       loss_mask: [B, T] 1.0 on completion tokens, 0 elsewhere (prompt, padding, padding rows).
       num_tokens: the GLOBAL number of completion tokens of the whole batch (all microbatches).
-      cfg: GRPOConfig (clip_low, clip_high, correction, is_cap, entropy_coef are read).
+      cfg: GRPOConfig (clip_low, clip_high, correction, is_cap, entropy_coef, aggregation,
+        aggregation_constant, importance_level are read).
       entropy: optional [B, T] per-token entropy; enables the entropy metric and bonus.
       proximal_logprobs: optional [B, T] log-probs of the proximal policy for "decoupled";
         default stop_gradient(logprobs) (one optimizer step per batch: the current policy).
+      num_sequences: the GLOBAL number of sequences with completion tokens (sequence-level
+        aggregations); default: those of this (micro)batch.
 
     Returns:
       (loss scalar, metrics): metrics are additive over microbatches (token sums / num_tokens):
@@ -197,13 +315,15 @@ def grpo_token_loss(
     else:
         proximal_logprobs = jnp.where(real, jax.lax.stop_gradient(proximal_logprobs), 0.0)
 
-    ratio, weight = CORRECTIONS[cfg.correction](
-        logprobs, behavior_logprobs, proximal_logprobs, cfg.is_cap
+    level = getattr(cfg, "importance_level", "token")
+    ratio, weight = importance_ratio_and_weight(
+        logprobs, behavior_logprobs, proximal_logprobs, mask, cfg.correction, cfg.is_cap, level
     )  # [B, T] each
-    objective, clipped = clipped_surrogate(
-        ratio, advantages.astype(jnp.float32)[:, None], cfg.clip_low, cfg.clip_high
-    )  # [B, T]
-    pg_loss = -token_sum(weight * objective, mask, num_tokens)
+    advantages = advantages.astype(jnp.float32)
+    if advantages.ndim == 1:
+        advantages = advantages[:, None]  # [B, 1]: one per sequence
+    objective, clipped = clipped_surrogate(ratio, advantages, cfg.clip_low, cfg.clip_high)  # [B, T]
+    pg_loss = -aggregate(weight * objective, mask, cfg, num_tokens, num_sequences)
     loss = pg_loss
 
     sg = jax.lax.stop_gradient

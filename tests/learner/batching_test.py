@@ -143,7 +143,12 @@ def test_pack_unpack_round_trip_is_exact():
     packed = pack_microbatch(mb)
     assert packed.shape == (3, 5 * 6 + 1) and packed.dtype == np.int32
     back = jax.jit(unpack_microbatch)(packed)
-    for name, want, got in zip(Microbatch._fields, mb, back):
+    assert back.rewards is None  # GRPO's buffer carries no rewards
+    with_rewards = pack_microbatch(mb, include_rewards=True)
+    assert with_rewards.shape == (3, 5 * 6 + 2)
+    back_r = jax.jit(lambda p: unpack_microbatch(p, has_rewards=True))(with_rewards)
+    np.testing.assert_array_equal(np.asarray(back_r.rewards), [0.25, -1.0, 0.0])
+    for name, want, got in zip(Microbatch._fields, mb, back_r):
         got = np.asarray(got)
         assert got.dtype == want.dtype and got.shape == want.shape, name
         np.testing.assert_array_equal(got.view(np.int32) if got.dtype == np.float32 else got,
