@@ -1,0 +1,263 @@
+"""The jitted PPO train step: a learned value function, GAE, and the GRPO family's policy loss.
+
+Host loop per update (PPOTrainStep.update):
+  for mb:  adv, ret, old_v, ref_lp, sums = prepare(policy, critic, ref, pack(mb))  # start of step
+  mean, std = batch statistics of the GAE advantages (whitening)
+  grads = zeros((policy, critic))
+  for mb:  grads, stats = accumulate(policy, critic, grads, pack(mb), prepared, normalizers)
+  policy, critic, opt states = apply(...)          # two Adams: actor lr and critic lr
+
+The critic is either a linear value head on the policy's final hidden states (shared trunk: the
+value loss also shapes the trunk, at the actor's learning rate) or a separate model of the same
+architecture with its own head. Values, returns and advantages are computed once, at the start of
+the step, with the policy and critic as they are then (the proximal policy of the decoupled
+objective); the reference policy for the KL penalty is a frozen copy of the params given to init.
+The state's `params` stay the plain policy params, so publishing them to the engine is unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from learner import optimizer as optim
+from learner.algorithms import ppo as ppo_ops
+from learner.algorithms.grpo import finalize_metrics, grpo_token_loss, token_sum
+from learner.algorithms.logprobs import token_logprobs_and_entropy
+from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
+from learner.config import LearnerConfig
+from learner.train_step import _sum_squares, count_sequences
+
+
+class PPOState(NamedTuple):
+    """Everything the PPO step updates; `params` is the policy (what actors sample with)."""
+
+    params: Any  # policy parameters (nnx.State of the Llama)
+    opt_state: Any  # the actor's Adam state (hyperparameters inside)
+    step: int  # host int: optimizer updates applied so far
+    critic_params: Any  # {"head": {"w": [D], "b": []}} (+ "trunk": Llama params if separate)
+    critic_opt_state: Any  # the critic's Adam state
+    ref_params: Any  # frozen reference policy for the KL penalty, or None (kl_coef == 0)
+
+
+def _hidden(graphdef, params, tokens, positions, mask) -> tuple[jax.Array, Any]:
+    model = nnx.merge(graphdef, params)
+    hidden, _ = model(tokens, positions, mask)  # [B, T, D]
+    return hidden, model
+
+
+def _values(head, hidden) -> jax.Array:
+    """[B, T, D] -> [B, T] values aligned with tokens: V for token t reads hidden[t - 1]."""
+    v = hidden.astype(jnp.float32) @ head["w"] + head["b"]  # [B, T]
+    return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
+
+
+class PPOTrainStep:
+    """PPO learner update with the TrainStep interface (init, update, set_hyperparams, cache_sizes).
+
+    Args:
+      graphdef: the policy's nnx GraphDef (the critic trunk, if separate, shares it).
+      cfg: LearnerConfig (optimizer, grpo for the policy loss, ppo for the critic side).
+    """
+
+    def __init__(self, graphdef, cfg: LearnerConfig):
+        self.cfg = cfg
+        self.graphdef = graphdef
+        self.optimizer = optim.make_optimizer(cfg.optimizer)
+        self.critic_optimizer = optim.make_optimizer(
+            dataclasses.replace(cfg.optimizer, lr=cfg.ppo.critic_lr))
+        self._metric_keys: tuple[str, ...] | None = None
+        self._zeros = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree))
+        self._prepare = jax.jit(self._prepare_impl)
+        self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(2,))
+        self._apply = jax.jit(self._apply_impl, donate_argnums=(4,))
+
+    # ---- pure functions (traced) ----
+
+    def _forward(self, params, critic_params, mb: Microbatch):
+        """(logprobs [M, T], entropy [M, T], values [M, T]) of the policy and critic."""
+        hidden, model = _hidden(self.graphdef, params, mb.tokens, mb.positions, mb.mask)
+        logprobs, entropy = token_logprobs_and_entropy(
+            model.logits(hidden), mb.tokens, self.cfg.grpo.temperature)
+        if "trunk" in critic_params:
+            hidden, _ = _hidden(self.graphdef, critic_params["trunk"], mb.tokens, mb.positions,
+                                mb.mask)
+        return logprobs, entropy, _values(critic_params["head"], hidden)
+
+    def _ref_logprobs(self, ref_params, mb: Microbatch):
+        if ref_params is None:
+            return jnp.zeros(mb.tokens.shape, jnp.float32)
+        hidden, model = _hidden(self.graphdef, ref_params, mb.tokens, mb.positions, mb.mask)
+        return token_logprobs_and_entropy(model.logits(hidden), mb.tokens,
+                                          self.cfg.grpo.temperature)[0]
+
+    def _prepare_impl(self, params, critic_params, ref_params, packed):
+        ppo = self.cfg.ppo
+        mb = unpack_microbatch(packed, has_rewards=True)
+        mask = mb.loss_mask
+        logprobs, _, values = self._forward(params, critic_params, mb)
+        ref_lp = self._ref_logprobs(ref_params, mb)
+        kl = ppo_ops.kl_estimate(logprobs, ref_lp, ppo.kl_estimator) * mask  # [M, T]
+        shaped = ref_params is not None and ppo.kl_placement == "reward"
+        rewards = ppo_ops.token_rewards(mb.rewards, mask, kl if shaped else None, ppo.kl_coef)
+        adv, returns = ppo_ops.gae(rewards, values, mask, ppo.gamma, ppo.gae_lambda)  # [M, T]
+        sums = jnp.stack([jnp.sum(adv * mask), jnp.sum(adv * adv * mask), jnp.sum(kl)])  # [3]
+        return (adv, returns, values * mask, ref_lp), sums
+
+    def loss_fn(self, params, critic_params, mb: Microbatch, prepared, normalizers):
+        """Total loss of one microbatch (policy + value_coef * value [+ KL]); (loss, metrics).
+
+        normalizers: [4] float32: global tokens, global sequences, advantage mean and std.
+        """
+        ppo, grpo = self.cfg.ppo, self.cfg.grpo
+        num_tokens, num_sequences, adv_mean, adv_std = (normalizers[i] for i in range(4))
+        adv, returns, old_values, ref_lp = prepared
+        mask = mb.loss_mask
+        logprobs, entropy, values = self._forward(params, critic_params, mb)
+        if ppo.whiten_advantages:
+            adv = ppo_ops.whiten(adv, mask, adv_mean, adv_std)
+        pg_loss, metrics = grpo_token_loss(
+            logprobs, mb.behavior_logprobs, adv, mask, num_tokens, grpo, entropy=entropy,
+            num_sequences=num_sequences)
+        v_loss = token_sum(ppo_ops.value_loss(values, old_values, returns, ppo.value_clip),
+                           mask, num_tokens)
+        loss = pg_loss + ppo.value_coef * v_loss
+        sg = jax.lax.stop_gradient
+        if self.cfg.ppo.kl_coef > 0:
+            kl = token_sum(ppo_ops.kl_estimate(jnp.where(mask > 0, logprobs, 0.0), ref_lp,
+                                               ppo.kl_estimator), mask, num_tokens)
+            if ppo.kl_placement == "loss":
+                loss = loss + ppo.kl_coef * kl
+            metrics["kl_ref"] = sg(kl)
+        residual = sg(returns - values)
+        metrics.update(
+            loss=sg(loss),
+            value_loss=sg(v_loss),
+            value_mean=token_sum(sg(values), mask, num_tokens),
+            return_mean=token_sum(returns, mask, num_tokens),
+            return_sq_mean=token_sum(returns * returns, mask, num_tokens),
+            value_residual_mean=token_sum(residual, mask, num_tokens),
+            value_residual_sq_mean=token_sum(residual * residual, mask, num_tokens),
+            value_clip_frac=token_sum((jnp.abs(sg(values) - old_values) > ppo.value_clip)
+                                      .astype(jnp.float32), mask, num_tokens),
+        )
+        return loss, metrics
+
+    def _accumulate_impl(self, params, critic_params, grads, packed, prepared, normalizers):
+        mb = unpack_microbatch(packed, has_rewards=True)
+        (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, argnums=(0, 1), has_aux=True)(
+            params, critic_params, mb, prepared, normalizers)
+        grads = jax.tree.map(jnp.add, grads, mb_grads)
+        stats = jnp.stack([metrics[k].astype(jnp.float32) for k in self._metric_keys]
+                          + [_sum_squares(mb_grads[0])])  # [K + 1]
+        return grads, stats
+
+    def _apply_impl(self, params, opt_state, critic_params, critic_opt_state, grads):
+        actor_grads, critic_grads = grads
+        grad_norm = optax.tree.norm(actor_grads)
+        critic_grad_norm = optax.tree.norm(critic_grads)
+        updates, opt_state = self.optimizer.update(actor_grads, opt_state, params)
+        c_updates, critic_opt_state = self.critic_optimizer.update(
+            critic_grads, critic_opt_state, critic_params)
+        return (optax.apply_updates(params, updates), opt_state,
+                optax.apply_updates(critic_params, c_updates), critic_opt_state,
+                grad_norm, critic_grad_norm)
+
+    # ---- host API ----
+
+    def init(self, params) -> PPOState:
+        """A fresh PPO state: zero value head (plus a copy of params as critic trunk if
+        "separate"), frozen reference = a copy of params when kl_coef > 0, Adam moments at 0."""
+        ppo = self.cfg.ppo
+        tokens = jnp.zeros((1, 2), jnp.int32)
+        shape = jax.eval_shape(
+            lambda p: _hidden(self.graphdef, p, tokens, tokens, tokens > -1)[0], params).shape
+        copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+        critic = {"head": {"w": jnp.zeros((shape[-1],), jnp.float32), "b": jnp.zeros((), jnp.float32)}}
+        if ppo.critic == "separate":
+            critic["trunk"] = copy(params)
+        ref = copy(params) if ppo.kl_coef > 0 else None
+        return PPOState(params, self.optimizer.init(params), 0, critic,
+                        self.critic_optimizer.init(critic), ref)
+
+    def update(self, state: PPOState, microbatches: Sequence[Microbatch], num_tokens: int
+               ) -> tuple[PPOState, dict]:
+        """One PPO update on the whole batch (microbatches from build_microbatches, with rewards).
+
+        Returns:
+          (new state, host metrics): those of TrainStep.update (loss, pg_loss, clip_frac, ess,
+          mismatch_kl, entropy, grad_norm, microbatch_grad_norm_sq, ...) plus value_loss,
+          value_mean, return_mean, explained_variance, value_clip_frac, advantage_mean / _std
+          (GAE, before whitening), kl_ref (if kl_coef > 0), critic_grad_norm.
+        """
+        if not microbatches:
+            raise ValueError("update: no microbatches")
+        packed = jax.device_put([pack_microbatch(mb, include_rewards=True) for mb in microbatches])
+        prepared, sums = [], []
+        for p in packed:
+            out, s = self._prepare(state.params, state.critic_params, state.ref_params, p)
+            prepared.append(out)
+            sums.append(s)
+        n_tok = float(max(int(num_tokens), 1))
+        adv_sum, adv_sq_sum, kl_sum = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
+        adv_mean = adv_sum / n_tok
+        adv_std = float(np.sqrt(max(adv_sq_sum / n_tok - adv_mean**2, 0.0)))
+        normalizers = jnp.asarray([n_tok, max(count_sequences(microbatches), 1), adv_mean, adv_std],
+                                  jnp.float32)
+        if self._metric_keys is None:  # abstract trace (no compile) for the metric names
+            mb0 = unpack_microbatch(packed[0], has_rewards=True)
+            _, shapes = jax.eval_shape(self.loss_fn, state.params, state.critic_params, mb0,
+                                       prepared[0], normalizers)
+            self._metric_keys = tuple(sorted(shapes))
+        grads = self._zeros((state.params, state.critic_params))
+        per_mb = []
+        for p, prep in zip(packed, prepared):
+            grads, stats = self._accumulate(state.params, state.critic_params, grads, p, prep,
+                                            normalizers)
+            per_mb.append(stats)
+        params, opt_state, critic, critic_opt, grad_norm, critic_norm = self._apply(
+            state.params, state.opt_state, state.critic_params, state.critic_opt_state, grads)
+        hyper = optim.hyperparam_arrays(opt_state)
+        per_mb, grad_norm, critic_norm, hyper = jax.device_get((per_mb, grad_norm, critic_norm, hyper))
+        per_mb = np.stack(per_mb).astype(np.float64)  # [num_mb, K + 1]
+        metrics = finalize_metrics(dict(zip(self._metric_keys, per_mb[:, :-1].sum(axis=0).tolist())))
+        ret_var = metrics["return_sq_mean"] - metrics["return_mean"] ** 2
+        res_var = metrics["value_residual_sq_mean"] - metrics["value_residual_mean"] ** 2
+        metrics.update(
+            explained_variance=1.0 - res_var / ret_var if ret_var > 1e-12 else 0.0,
+            advantage_mean=adv_mean, advantage_std=adv_std,
+            grad_norm=float(grad_norm), grad_norm_sq=float(grad_norm) ** 2,
+            critic_grad_norm=float(critic_norm),
+            microbatch_grad_norm_sq=per_mb[:, -1].tolist(),
+            microbatch_tokens=[float(np.asarray(mb.loss_mask).sum()) for mb in microbatches],
+            tokens=int(num_tokens), num_microbatches=len(microbatches), step=state.step + 1,
+        )
+        if state.ref_params is not None:
+            metrics["kl_ref_start"] = kl_sum / n_tok  # at the start of the step (reward shaping)
+        metrics.update({k: float(v) for k, v in hyper.items()})
+        return PPOState(params, opt_state, state.step + 1, critic, critic_opt,
+                        state.ref_params), metrics
+
+    @property
+    def metric_keys(self) -> tuple[str, ...]:
+        """Names of the additive loss metrics (known after the first update)."""
+        return self._metric_keys or ()
+
+    def set_hyperparams(self, state: PPOState, **values: float) -> PPOState:
+        """New actor Adam hyperparameters (lr/learning_rate, b1, b2, eps); the critic keeps its own."""
+        return state._replace(opt_state=optim.set_hyperparams(state.opt_state, **values))
+
+    def get_hyperparams(self, state: PPOState) -> dict[str, float]:
+        """The actor's optimizer hyperparameters as host floats."""
+        return optim.get_hyperparams(state.opt_state)
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Compiled-executable counts of the jitted functions (for no-recompilation checks)."""
+        return {"zeros": self._zeros._cache_size(), "prepare": self._prepare._cache_size(),
+                "accumulate": self._accumulate._cache_size(), "apply": self._apply._cache_size()}
