@@ -1,0 +1,65 @@
+"""Admission in samples with B changing mid-run: no update uses a sample older than the bound.
+
+A real run (actor threads, admission gate, learner loop) through launch.train.train with a
+controller that grows and shrinks B between updates, and a slowed learner so the actors run as far
+ahead as admission lets them.
+"""
+import time
+
+import pytest
+
+from launch.config import load_config
+from launch.metrics import read_metrics
+from launch.train import train
+from learner.loop import Decision
+
+FAST = ["learner.sft.steps=5", "task.heldout_size=16", "run.progress=false", "run.eval_every=0",
+        "learner.batch_size=32", "learner.microbatch_size=16", "actors.num_actors=2",
+        "actors.prompts_per_call=2"]
+SCHEDULE = {2: 64, 4: 16, 6: 48, 8: 32}  # after step s, B becomes SCHEDULE[s]
+
+
+class Scripted:
+    """Changes B on a fixed schedule (the real controller's decisions come from measurements)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def after_step(self, step, metrics):
+        self.seen.append((step, metrics["batch_size"]))
+        if step in SCHEDULE:
+            return Decision(batch_size=SCHEDULE[step], reason=f"scripted B -> {SCHEDULE[step]}")
+        return None
+
+
+class SlowLearner:
+    def __init__(self, inner, seconds):
+        self.inner, self.seconds = inner, seconds
+
+    def update(self, state, microbatches, num_tokens):
+        time.sleep(self.seconds)
+        return self.inner.update(state, microbatches, num_tokens)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("eta", [1, pytest.param(0, marks=pytest.mark.slow)])  # ~20 s each
+def test_batch_size_changes_never_break_the_staleness_bound(eta, tmp_path):
+    cfg = load_config(overrides=FAST + ["run.steps=10", f"actors.max_staleness={eta}"])
+    ctrl = Scripted()
+    train(cfg, str(tmp_path / "run"), controller=ctrl, wrap_train_step=lambda ts: SlowLearner(ts, 0.15))
+    steps = [m for m in read_metrics(str(tmp_path / "run")) if m["step"] > 0]
+    assert len(steps) == 10
+    want, b = [], 32
+    for s in range(1, 11):
+        want.append(b)
+        b = SCHEDULE.get(s, b)
+    assert [m["batch_size"] for m in steps] == want  # the loop followed every change
+    for m in steps:
+        assert m["staleness/max"] <= eta, m
+        assert sum(m["staleness/hist"]) == m["batch_size"] // 8
+    if eta == 0:
+        assert all(m["staleness/mean"] == 0 for m in steps)
+    assert [m.get("controller/decision") for m in steps if m["step"] in SCHEDULE] == \
+        [f"scripted B -> {SCHEDULE[s]}" for s in sorted(SCHEDULE)]
