@@ -206,7 +206,7 @@ class PPOTrainStep:
             sums.append(s)
         n_tok = float(max(int(num_tokens), 1))
         adv_sum, adv_sq_sum, kl_sum = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
-        adv_mean = adv_sum / n_tok
+        adv_mean = float(adv_sum / n_tok)
         adv_std = float(np.sqrt(max(adv_sq_sum / n_tok - adv_mean**2, 0.0)))
         normalizers = jnp.asarray([n_tok, max(count_sequences(microbatches), 1), adv_mean, adv_std],
                                   jnp.float32)
@@ -239,7 +239,7 @@ class PPOTrainStep:
             tokens=int(num_tokens), num_microbatches=len(microbatches), step=state.step + 1,
         )
         if state.ref_params is not None:
-            metrics["kl_ref_start"] = kl_sum / n_tok  # at the start of the step (reward shaping)
+            metrics["kl_ref_start"] = float(kl_sum / n_tok)  # at the start of the step (reward shaping)
         metrics.update({k: float(v) for k, v in hyper.items()})
         return PPOState(params, opt_state, state.step + 1, critic, critic_opt,
                         state.ref_params), metrics
