@@ -3,8 +3,9 @@
 Submodule names follow Hugging Face's LlamaForCausalLM (minus its leading ``model.``) so a checkpoint
 loader maps weights one to one: ``embed_tokens``, ``layers[i].self_attn.{q,k,v,o}_proj``,
 ``layers[i].mlp.{gate,up,down}_proj``, ``layers[i].{input,post_attention}_layernorm``, ``norm`` and
-``lm_head`` (only when embeddings are untied). Linear kernels are stored ``[in, out]`` (HF stores
-``[out, in]``: transpose on load).
+``lm_head`` (only when embeddings are untied), plus Qwen3's ``self_attn.{q,k}_norm``. Linear kernels
+are stored ``[in, out]`` (HF stores ``[out, in]``: transpose on load). The config switches cover the
+Llama (incl. Llama 3 RoPE scaling), Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm) families.
 
 Jitted code works on the params pytree, never on a live module:
 
@@ -18,6 +19,7 @@ gets the same position, and attention is causal over columns and ignores keys wh
 so both layouts give the same logits for real tokens.
 """
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -58,18 +60,42 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
-def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    """Per-pair RoPE inverse frequencies [head_dim / 2] float32, with Llama 3 scaling if configured.
+
+    Llama 3 scaling (HF ``_compute_llama3_parameters``): wavelengths longer than
+    original_len / low_freq_factor are slowed down by ``factor``, those shorter than
+    original_len / high_freq_factor are kept, and the band between interpolates smoothly.
+    """
+    dh = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))  # [Dh/2]
+    if cfg.rope_scaling_type == "none":
+        return inv_freq
+    factor, low, high = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    old_len = cfg.rope_original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float,
+                 inv_freq: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Rotary tables for the rotate-half convention (HF Llama).
 
     Args:
       positions: [B, T] int positions.
       head_dim: even head width.
       theta: base frequency.
+      inv_freq: [head_dim / 2] precomputed (e.g. scaled) inverse frequencies; overrides theta.
 
     Returns:
       (cos, sin), each [B, T, head_dim] float32; frequencies repeat across the two halves.
     """
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))  # [Dh/2]
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))  # [Dh/2]
     freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, Dh]
     return jnp.cos(emb), jnp.sin(emb)
@@ -119,12 +145,11 @@ class RMSNorm(nnx.Module):
         return rms_norm(x, self.weight[...].astype(x.dtype), self.eps)
 
 
-def _linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs) -> nnx.Linear:
-    # Where Qwen-style q/k/v biases come in later: pass use_bias from the config here.
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, use_bias: bool = False) -> nnx.Linear:
     return nnx.Linear(
         d_in,
         d_out,
-        use_bias=False,
+        use_bias=use_bias,
         dtype=_dtype(cfg.compute_dtype),
         param_dtype=_dtype(cfg.param_dtype),
         rngs=rngs,
@@ -137,10 +162,15 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         dh = cfg.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, dh
-        self.q_proj = _linear(cfg, cfg.d_model, cfg.n_heads * dh, rngs)
-        self.k_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs)
-        self.v_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs)
-        self.o_proj = _linear(cfg, cfg.n_heads * dh, cfg.d_model, rngs)
+        self.q_proj = _linear(cfg, cfg.d_model, cfg.n_heads * dh, rngs, cfg.qkv_bias)
+        self.k_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs, cfg.qkv_bias)
+        self.v_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs, cfg.qkv_bias)
+        self.o_proj = _linear(cfg, cfg.n_heads * dh, cfg.d_model, rngs, cfg.o_bias)
+        if cfg.qk_norm:  # Qwen3: one RMSNorm over head_dim, shared by all heads
+            pdt = _dtype(cfg.param_dtype)
+            self.q_norm = RMSNorm(dh, cfg.norm_eps, pdt)
+            self.k_norm = RMSNorm(dh, cfg.norm_eps, pdt)
+        self.qk_norm = cfg.qk_norm
 
     def __call__(self, x, cos, sin, allowed, kv=None, start=None):
         """x [B, T, D]; cos/sin [B, T, Dh]; allowed [B, T, S]; kv: (k, v) cache slabs or None.
@@ -152,6 +182,8 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv is not None:
             k_cache, v_cache = kv
@@ -212,7 +244,8 @@ class Llama(nnx.Module):
         """tokens/positions [B, T] int32, mask [B, T] bool -> (hidden [B, T, D], updated cache or None)."""
         t = tokens.shape[1]
         x = self.embed_tokens(tokens)  # [B, T, D]
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta,
+                                rope_inv_freq(self.cfg))  # a constant XLA folds
         if cache is None:
             start = None
             causal = jnp.tril(jnp.ones((t, t), bool))  # [T, T]
