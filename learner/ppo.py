@@ -186,18 +186,17 @@ class PPOTrainStep:
         return PPOState(params, self.optimizer.init(params), 0, critic,
                         self.critic_optimizer.init(critic), ref)
 
-    def update(self, state: PPOState, microbatches: Sequence[Microbatch], num_tokens: int
-               ) -> tuple[PPOState, dict]:
-        """One PPO update on the whole batch (microbatches from build_microbatches, with rewards).
+    def accumulate_gradients(self, state: PPOState, microbatches: Sequence[Microbatch],
+                             num_tokens: int) -> tuple[Any, list, dict]:
+        """Start-of-step values/advantages, then the full-batch gradient summed over microbatches.
 
         Returns:
-          (new state, host metrics): those of TrainStep.update (loss, pg_loss, clip_frac, ess,
-          mismatch_kl, entropy, grad_norm, microbatch_grad_norm_sq, ...) plus value_loss,
-          value_mean, return_mean, explained_variance, value_clip_frac, advantage_mean / _std
-          (GAE, before whitening), kl_ref (if kl_coef > 0), critic_grad_norm.
+          ((policy grads, critic grads), per-microbatch [K + 1] stat vectors (metric_keys order,
+          then that microbatch's policy grad-norm^2), host stats of the preparation:
+          advantage_mean, advantage_std (GAE, before whitening), kl_ref_start).
         """
         if not microbatches:
-            raise ValueError("update: no microbatches")
+            raise ValueError("accumulate_gradients: no microbatches")
         packed = jax.device_put([pack_microbatch(mb, include_rewards=True) for mb in microbatches])
         prepared, sums = [], []
         for p in packed:
@@ -221,6 +220,21 @@ class PPOTrainStep:
             grads, stats = self._accumulate(state.params, state.critic_params, grads, p, prep,
                                             normalizers)
             per_mb.append(stats)
+        info = {"advantage_mean": adv_mean, "advantage_std": adv_std,
+                "kl_ref_start": float(kl_sum / n_tok)}
+        return grads, per_mb, info
+
+    def update(self, state: PPOState, microbatches: Sequence[Microbatch], num_tokens: int
+               ) -> tuple[PPOState, dict]:
+        """One PPO update on the whole batch (microbatches from build_microbatches, with rewards).
+
+        Returns:
+          (new state, host metrics): those of TrainStep.update (loss, pg_loss, clip_frac, ess,
+          mismatch_kl, entropy, grad_norm, microbatch_grad_norm_sq, ...) plus value_loss,
+          value_mean, return_mean, explained_variance, value_clip_frac, advantage_mean / _std
+          (GAE, before whitening), kl_ref and kl_ref_start (if kl_coef > 0), critic_grad_norm.
+        """
+        grads, per_mb, info = self.accumulate_gradients(state, microbatches, num_tokens)
         params, opt_state, critic, critic_opt, grad_norm, critic_norm = self._apply(
             state.params, state.opt_state, state.critic_params, state.critic_opt_state, grads)
         hyper = optim.hyperparam_arrays(opt_state)
@@ -231,7 +245,7 @@ class PPOTrainStep:
         res_var = metrics["value_residual_sq_mean"] - metrics["value_residual_mean"] ** 2
         metrics.update(
             explained_variance=1.0 - res_var / ret_var if ret_var > 1e-12 else 0.0,
-            advantage_mean=adv_mean, advantage_std=adv_std,
+            advantage_mean=info["advantage_mean"], advantage_std=info["advantage_std"],
             grad_norm=float(grad_norm), grad_norm_sq=float(grad_norm) ** 2,
             critic_grad_norm=float(critic_norm),
             microbatch_grad_norm_sq=per_mb[:, -1].tolist(),
@@ -239,7 +253,7 @@ class PPOTrainStep:
             tokens=int(num_tokens), num_microbatches=len(microbatches), step=state.step + 1,
         )
         if state.ref_params is not None:
-            metrics["kl_ref_start"] = float(kl_sum / n_tok)  # at the start of the step (reward shaping)
+            metrics["kl_ref_start"] = info["kl_ref_start"]  # at the start of the step
         metrics.update({k: float(v) for k, v in hyper.items()})
         return PPOState(params, opt_state, state.step + 1, critic, critic_opt,
                         state.ref_params), metrics
