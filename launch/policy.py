@@ -1,7 +1,10 @@
-"""Where the policy comes from: the built-in tiny Llama (default) or, later, a checkpoint path.
+"""Where the policy comes from: the built-in tiny Llama (default) or a Hugging Face checkpoint.
 
 `build_policy(cfg)` is the one place that decides the model config, weights and tokenizer, so
-the engine, the learner and the tasks all see the same ones.
+the engine, the learner and the tasks all see the same ones. With ``model.path=DIR`` the
+architecture, weights and tokenizer come from the checkpoint there (model.param_dtype and
+model.compute_dtype still apply); otherwise a random model of the configured shape with the
+character tokenizer.
 """
 from __future__ import annotations
 
@@ -18,10 +21,43 @@ class Policy:
     model_cfg: ModelConfig  # the architecture actually built (from config or from a checkpoint)
     graphdef: Any
     params: Any
-    tokenizer: Any  # has pad_id, bos_id, eos_id, encode, decode
+    tokenizer: Any  # has pad_id, bos_id, eos_id, encode, decode (HFTokenizer: apply_chat_template)
+
+
+def load_tokenizer(model_cfg: ModelConfig):
+    """The tokenizer of the policy model_cfg describes: the checkpoint's, or CharTokenizer."""
+    if model_cfg.path:
+        from learner.models.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer(model_cfg.path)
+    return CharTokenizer()
+
+
+def resolve_model_config(model_cfg: ModelConfig) -> ModelConfig:
+    """The ModelConfig actually built: read from the checkpoint when model.path is set."""
+    if model_cfg.path:
+        from learner.models.hf_config import model_config_from_checkpoint
+
+        return model_config_from_checkpoint(model_cfg.path, model_cfg)
+    return model_cfg
 
 
 def build_policy(cfg) -> Policy:
     """cfg: the whole launch Config (model section plus the learner's init seed)."""
+    if cfg.model.path:
+        from learner.models.hf_load import load_checkpoint
+
+        model_cfg, graphdef, params = load_checkpoint(cfg.model.path, cfg.model)
+        return Policy(model_cfg, graphdef, params, load_tokenizer(model_cfg))
     graphdef, params = init_params(cfg.model, cfg.learner.seed)
     return Policy(cfg.model, graphdef, params, CharTokenizer())
+
+
+def export_policy(policy: Policy, params, out_dir: str, **kwargs) -> list[str]:
+    """Writes params as a Hugging Face directory (tokenizer files copied from model.path, if any).
+
+    kwargs go to ``hf_export.export_checkpoint`` (e.g. max_shard_bytes). Returns the shard names.
+    """
+    from learner.models.hf_export import export_checkpoint
+
+    return export_checkpoint(policy.model_cfg, params, out_dir, source=policy.model_cfg.path, **kwargs)

@@ -50,22 +50,27 @@ class Task(Protocol):
         ...
 
 
-def make_task(cfg: TaskConfig) -> Task:
-    """Builds the built-in task named by cfg (validating cfg first).
+def make_task(cfg: TaskConfig, tokenizer=None) -> Task:
+    """Builds the task named by cfg (validating cfg first).
 
     Args:
       cfg: the task sub-config.
+      tokenizer: the policy's tokenizer (launch.policy.Policy.tokenizer). None means the built-in
+        CharTokenizer, which the digit tasks default to; the jsonl task requires a checkpoint's.
 
     Returns:
-      A SortTask or AddReversedTask.
+      A SortTask, AddReversedTask or JsonlMathTask.
     """
     # Imported here: the task modules import this one for Prompt.
     from actors.tasks.add_reversed import AddReversedTask
+    from actors.tasks.jsonl_task import JsonlMathTask
     from actors.tasks.sort import SortTask
 
     cfg.validate()
     if cfg.name == "sort":
-        return SortTask(cfg)
+        return SortTask(cfg, tokenizer)
     if cfg.name == "add_reversed":
-        return AddReversedTask(cfg)
+        return AddReversedTask(cfg, tokenizer)
+    if cfg.name == "jsonl":
+        return JsonlMathTask(cfg, tokenizer)
     raise ValueError(f"name: unknown task {cfg.name!r}")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from actors.tasks import scoring
 from actors.tasks.base import Prompt
 from actors.tasks.config import TaskConfig, prompt_space_size
-from learner.models.char_tokenizer import CharTokenizer
+from learner.models.char_tokenizer import CharTokenizer  # the default tokenizer
 
 TRAIN_SPLIT = "train"
 HELDOUT_SPLIT = "heldout"
@@ -29,10 +29,15 @@ class DigitTask(abc.ABC):
     Subclasses define only `_task_name` and `_render`; this class implements the Task protocol.
     """
 
-    def __init__(self, cfg: TaskConfig, tokenizer: CharTokenizer | None = None) -> None:
+    def __init__(self, cfg: TaskConfig, tokenizer=None) -> None:
+        """tokenizer: CharTokenizer (the default) or a checkpoint's HFTokenizer."""
         cfg.validate()
         self.config = cfg
         self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
+        digit_lengths = {len(self.tokenizer.encode(str(d))) for d in range(10)}
+        if len(digit_lengths) != 1:  # fixed prompt/answer lengths rely on it
+            raise ValueError(f"name: {cfg.name} needs a tokenizer that encodes every digit to the same "
+                             f"number of tokens; this one uses {sorted(digit_lengths)}")
         self.name = self._task_name(cfg.num_digits)
         self._space = prompt_space_size(cfg.name, cfg.num_digits)
 
@@ -70,14 +75,21 @@ class DigitTask(abc.ABC):
         # 256-bit value mod at most 10**24: the bias is far below anything measurable.
         return int.from_bytes(digest, "little") % self._space
 
+    def _encode(self, text: str) -> list[int]:
+        # Character by character: a BPE tokenizer would merge digit runs differently from prompt
+        # to prompt, and the fixed lengths and slot-wise scoring need one token group per character.
+        # For CharTokenizer this equals encode(text).
+        return [t for char in text for t in self.tokenizer.encode(char)]
+
     def _build(self, split: str, index: int, number: int) -> Prompt:
         prompt_text, answer_text = self._render(number)
         tok = self.tokenizer
+        bos = () if tok.bos_id is None else (tok.bos_id,)  # Qwen-style tokenizers have no BOS
         return Prompt(
             prompt_id=f"{self.name}/{split}/{index}",
             index=index,
-            tokens=(tok.bos_id, *tok.encode(prompt_text)),
-            answer=(*tok.encode(answer_text), tok.eos_id),
+            tokens=(*bos, *self._encode(prompt_text)),
+            answer=(*self._encode(answer_text), tok.eos_id),
         )
 
     def prompt(self, index: int) -> Prompt:
