@@ -51,19 +51,35 @@ class Config:
     def validate(self) -> None:
         """Checks spanning sections (each section validated itself already)."""
         from actors.tasks.base import make_task
-        from learner.models.char_tokenizer import CharTokenizer
+        from launch.policy import load_tokenizer, resolve_model_config
 
-        task = make_task(self.task)
+        if self.task.name == "jsonl" and not self.model.path:
+            raise ConfigError("task.name: the jsonl task needs a checkpoint tokenizer; set model.path=DIR")
+        # With model.path the checkpoint decides the architecture and the tokenizer.
+        try:
+            model = resolve_model_config(self.model)
+            tokenizer = load_tokenizer(model)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"model.path: {e}") from None
+        try:
+            task = make_task(self.task, tokenizer)
+        except OSError as e:
+            raise ConfigError(f"task.path: {e}") from None
+        except ValueError as e:  # "<field>: <problem>" of the task section
+            raise ConfigError(f"task.{e}") from None
         if self.engine.max_new_tokens < task.max_completion_len:
+            detail = "the longest answer" if self.task.name == "jsonl" else f"task.num_digits={self.task.num_digits}"
             raise ConfigError(
                 f"engine.max_new_tokens: {self.engine.max_new_tokens} is shorter than the task's "
-                f"answers ({task.max_completion_len} tokens with task.num_digits={self.task.num_digits})")
+                f"answers ({task.max_completion_len} tokens with {detail})")
         need = task.max_prompt_len + self.engine.max_new_tokens
-        if self.model.max_seq_len < need:
-            raise ConfigError(f"model.max_seq_len: {self.model.max_seq_len} < prompt + completion = {need}")
-        vocab = CharTokenizer().vocab_size
-        if self.model.vocab_size < vocab:
-            raise ConfigError(f"model.vocab_size: {self.model.vocab_size} < the tokenizer's {vocab} ids")
+        if model.max_seq_len < need:
+            where = f"the checkpoint's max_position_embeddings ({model.max_seq_len})" if model.path else \
+                f"{model.max_seq_len}"
+            raise ConfigError(f"model.max_seq_len: {where} < prompt + completion = {need}")
+        vocab = tokenizer.vocab_size
+        if model.vocab_size < vocab:
+            raise ConfigError(f"model.vocab_size: {model.vocab_size} < the tokenizer's {vocab} ids")
         if self.learner.grpo.temperature != self.engine.temperature:
             raise ConfigError(
                 f"learner.grpo.temperature: {self.learner.grpo.temperature} must equal "
