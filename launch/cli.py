@@ -1,10 +1,13 @@
 """`cadence` command line.
 
     cadence train [--config FILE ...] [key=value ...]   train (defaults learn on a laptop CPU)
+    cadence train --resume run.dir=DIR [key=value ...]  continue DIR from its newest checkpoint
     cadence train --print-config [key=value ...]        show the resolved config and exit
     cadence eval RUN_DIR                                greedy held-out evaluation of a finished run
+    cadence experiment NAME [--quick] [key=value ...]   batch-invariance | throughput | decision-rule
 
-A bad key, type or value exits with status 2 and a message naming the key.
+Exit status: 0 done (also after SIGTERM/SIGINT with a final checkpoint), 1 runtime failure,
+2 bad config (the message names the key), 3 nothing to do (the run already finished).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import sys
 import yaml
 
 EXIT_CONFIG = 2
+EXIT_FINISHED = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,10 +29,27 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--config", action="append", default=[], metavar="FILE",
                    help="YAML config file (repeatable; later files win)")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--resume", action="store_true",
+                   help="continue run.dir from its newest complete checkpoint (same as run.resume=yes); "
+                        "the run's saved config is the base, overrides apply on top")
     t.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted overrides, e.g. learner.optimizer.lr=1e-3 run.steps=50")
     e = sub.add_parser("eval", help="greedy held-out evaluation of a run directory")
     e.add_argument("run_dir")
+    x = sub.add_parser("experiment", help="run an experiment (batch-invariance, throughput, decision-rule)")
+    x.add_argument("name", choices=["batch-invariance", "throughput", "decision-rule"])
+    x.add_argument("--quick", action="store_true", help="the CI size: minutes on a 2-core CPU")
+    x.add_argument("--out", default=None, help="experiment folder (default experiments/NAME-<UTC time>)")
+    x.add_argument("--config", action="append", default=[], metavar="FILE", help="base YAML config (repeatable)")
+    x.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="fixed batch sizes to compare")
+    x.add_argument("--scalings", nargs="+", choices=["sqrt", "linear", "none"], default=None)
+    x.add_argument("--seeds", type=int, nargs="+", default=None)
+    x.add_argument("--max-samples", type=int, default=None, help="sample budget per run")
+    x.add_argument("--eval-samples", type=int, default=None, help="held-out evaluation every this many samples")
+    x.add_argument("--target", default=None, help="target score, or 'auto'")
+    x.add_argument("--metric", default=None, choices=["eval/reward", "eval/exact_match"])
+    x.add_argument("--concurrencies", type=int, nargs="+", default=None, help="throughput: prompts per call")
+    x.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the base training config")
     return p
 
 
@@ -43,17 +64,32 @@ def cmd_train(args) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
+        resume = "yes" if args.resume else cfg.run.resume
+        saved = os.path.join(cfg.run.dir, "config.yaml") if cfg.run.dir else ""
+        if resume != "no" and saved and os.path.isfile(saved):
+            # the run's own config is the base, so `--resume run.dir=DIR` needs nothing else
+            cfg = load_config([saved, *args.config], args.overrides)
+        if args.resume and not cfg.run.dir:
+            raise ConfigError("run.dir: --resume needs the run directory, e.g. run.dir=runs/NAME")
     except ConfigError as e:
         return _fail(f"config error: {e}", EXIT_CONFIG)
     if args.print_config:
         yaml.safe_dump(to_dict(cfg), sys.stdout, sort_keys=False)
         return 0
+    from launch.run_state import RunFinished
     from launch.train import train
+    from learner.checkpoint import CheckpointError
 
     try:
-        summary = train(cfg)
+        summary = train(cfg, resume=resume)
+    except ConfigError as e:
+        return _fail(f"config error: {e}", EXIT_CONFIG)
     except FileExistsError as e:
         return _fail(str(e), EXIT_CONFIG)
+    except RunFinished as e:
+        return _fail(str(e), EXIT_FINISHED)
+    except CheckpointError as e:
+        return _fail(f"checkpoint error: {e}", 1)
     print(json.dumps(summary))
     return 0
 
@@ -90,10 +126,38 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_experiment(args) -> int:
+    from launch.config import load_config
+    from launch.config_loader import ConfigError
+    from launch.experiments import batch_invariance, run_experiment
+
+    size = batch_invariance.QUICK if args.quick else batch_invariance.FULL
+    # the experiment's own base settings (smaller warm-up / larger held-out set); the user's win
+    extra = list(size["overrides"]) if args.name != "throughput" else []
+    try:
+        cfg = load_config(args.config, extra + list(args.overrides))
+    except ConfigError as e:
+        return _fail(f"config error: {e}", EXIT_CONFIG)
+    opts = {"batch_sizes": tuple(args.batch_sizes) if args.batch_sizes else None,
+            "scalings": tuple(args.scalings) if args.scalings else None,
+            "seeds": tuple(args.seeds) if args.seeds else None, "max_samples": args.max_samples,
+            "eval_samples": args.eval_samples, "target": args.target, "metric": args.metric,
+            "concurrencies": tuple(args.concurrencies) if args.concurrencies else None}
+    try:
+        results = run_experiment(args.name, cfg, args.out, args.quick,
+                                 log=lambda msg: print(msg, file=sys.stderr, flush=True), **opts)
+    except (FileExistsError, ValueError) as e:
+        return _fail(str(e), EXIT_CONFIG)
+    print(json.dumps({"experiment": args.name, "out": results["out"]}))
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "train":
         return cmd_train(args)
+    if args.command == "experiment":
+        return cmd_experiment(args)
     return cmd_eval(args)
 
 

@@ -1,0 +1,116 @@
+"""batch-invariance: fixed batch sizes x scaling rule x seeds, held-out score against cumulative samples.
+
+The invariance number is the spread of samples-to-target across batch sizes (max - min) relative to
+their mean, each batch size's samples-to-target being the median over seeds. With the sqrt rule it
+should be small (acceptance: <= 25%) and visibly smaller than with `none`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from launch.config import Config
+from launch.experiments import common
+from launch.train import train
+
+QUICK = dict(batch_sizes=(32, 64), scalings=("sqrt", "none", "linear"), seeds=(0,), max_samples=1024,
+             eval_samples=128, target="auto", metric="eval/reward", overrides=("learner.sft.steps=10",
+                                                                               "task.heldout_size=64"))
+FULL = dict(batch_sizes=(64, 128, 256, 512), scalings=("sqrt", "none", "linear"), seeds=(0, 1, 2),
+            max_samples=80_000, eval_samples=2048, target="0.5", metric="eval/exact_match",
+            overrides=("task.heldout_size=2048",))
+
+
+def run_grid(base: Config, out: str, batch_sizes, scalings, seeds, max_samples, eval_samples, metric,
+             stop_at: float = 0.0, log=print) -> list[dict]:
+    """Train every (B, scaling, seed) at fixed B; one record per run."""
+    base_b = base.controller.base_batch_size or base.learner.batch_size
+    records = []
+    for scaling in scalings:
+        for b in batch_sizes:
+            for seed in seeds:
+                run_dir = os.path.join(out, "runs", f"B{b}-{scaling}-s{seed}")
+                cfg = common.fixed_batch_config(base, b, scaling, seed, base_batch_size=base_b,
+                                                max_samples=max_samples, eval_samples=eval_samples,
+                                                run_dir=run_dir, stop_at=stop_at)
+                summary = train(cfg, run_dir, controller=common.observer(cfg))
+                rec = common.run_record(cfg, run_dir, metric, batch_size=b, scaling=scaling, seed=seed,
+                                        summary_wall=summary["wall_time"])
+                log(f"  B={b:<4} {scaling:<6} seed {seed}: final {metric} {rec['curve'][-1][2]:.3f} "
+                    f"at {rec['curve'][-1][0]} samples, {rec['samples_per_second'] or 0:.0f} samples/s")
+                records.append(rec)
+    return records
+
+
+def summarize(records, batch_sizes, scalings) -> dict:
+    """Per scaling: median samples-to-target per B and the relative spread across B."""
+    out = {}
+    for scaling in scalings:
+        per_b = {b: common.median_or_none(r["samples_to_target"] for r in records
+                                          if r["scaling"] == scaling and r["batch_size"] == b)
+                 for b in batch_sizes}
+        reached = [v for v in per_b.values() if v is not None]
+        out[scaling] = {"samples_to_target": {str(b): v for b, v in per_b.items()},
+                        "spread": common.relative_spread(per_b.values()) if len(reached) == len(per_b) else None,
+                        "all_reached": len(reached) == len(per_b)}
+    return out
+
+
+def plot(records, batch_sizes, scalings, target, metric, path):
+    plt = common.pyplot()
+    fig, axes = plt.subplots(1, len(scalings), figsize=(5 * len(scalings), 4), sharey=True, squeeze=False)
+    colors = plt.cm.viridis([i / max(len(batch_sizes) - 1, 1) for i in range(len(batch_sizes))])
+    for ax, scaling in zip(axes[0], scalings):
+        for color, b in zip(colors, batch_sizes):
+            for i, r in enumerate(x for x in records if x["scaling"] == scaling and x["batch_size"] == b):
+                s, _, v = zip(*r["curve"])
+                ax.plot(s, v, color=color, alpha=0.8, label=f"B={b}" if i == 0 else None)
+        ax.axhline(target, color="gray", ls="--", lw=1)
+        ax.set_title(f"scaling = {scaling}")
+        ax.set_xlabel("cumulative samples")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"held-out {metric.split('/')[-1]}")
+    axes[0][-1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
+    """Run the experiment into `out`; returns the results (also results.json, report.md, PNG)."""
+    p = {**(QUICK if quick else FULL), **{k: v for k, v in opts.items() if v is not None}}
+    log(f"batch-invariance ({'quick' if quick else 'full'}): B {p['batch_sizes']} x {p['scalings']} x "
+        f"seeds {p['seeds']}, {p['max_samples']} samples each")
+    fixed_target = None if p["target"] == "auto" else float(p["target"])
+    stop = fixed_target if (fixed_target is not None and p["metric"] == "eval/exact_match") else 0.0
+    records = run_grid(base, out, p["batch_sizes"], p["scalings"], p["seeds"], p["max_samples"],
+                       p["eval_samples"], p["metric"], stop_at=stop, log=log)
+    target = fixed_target if fixed_target is not None else common.auto_target(records)
+    common.add_time_to_target(records, target)
+    summary = summarize(records, p["batch_sizes"], p["scalings"])
+    results = {"experiment": "batch-invariance", "quick": quick, "params": {k: v for k, v in p.items()},
+               "target": target, "summary": summary, "runs": records}
+    common.write_json(os.path.join(out, "results.json"), results)
+    plot(records, p["batch_sizes"], p["scalings"], target, p["metric"], os.path.join(out, "curves.png"))
+    rows = [[s, *[summary[s]["samples_to_target"][str(b)] for b in p["batch_sizes"]], summary[s]["spread"]]
+            for s in p["scalings"]]
+    sqrt, none = summary.get("sqrt", {}).get("spread"), summary.get("none", {}).get("spread")
+    verdict = ""
+    if sqrt is not None:
+        verdict = (f"sqrt spread {sqrt:.1%} ({'<=' if sqrt <= 0.25 else '>'} 25%)"
+                   + (f"; none {none:.1%}" if none is not None else ""))
+    report = "\n\n".join([
+        "# Batch invariance",
+        f"{'Quick' if quick else 'Full'} size. Batch sizes {list(p['batch_sizes'])}, scaling rules "
+        f"{list(p['scalings'])}, seeds {list(p['seeds'])}, up to {p['max_samples']} samples per run; "
+        f"held-out `{p['metric']}` every {p['eval_samples']} samples; target {target:.4g}"
+        f"{' (auto: halfway from the start to the lowest best of all runs)' if fixed_target is None else ''}.",
+        "Samples to target (median over seeds) and spread = (max - min) / mean across batch sizes:",
+        common.markdown_table(["scaling", *[f"B={b}" for b in p["batch_sizes"]], "spread"], rows),
+        verdict,
+        "![curves](curves.png)",
+    ])
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(report + "\n")
+    log(f"batch-invariance: {verdict or 'no spread (target not reached by all)'}; report {out}/report.md")
+    return results

@@ -1,0 +1,138 @@
+"""Shared pieces of the experiments: fixed-batch runs, time-to-target, the run folder and plots.
+
+Protocol (shared/notes/theory.md, "A"): held-out greedy evaluation at fixed SAMPLE intervals (the
+same for every batch size), target = first evaluation at or above R*, read by linear interpolation
+between the two evaluations around the crossing; report the median over seeds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+from typing import Any
+
+import numpy as np
+
+from launch.config import Config
+from launch.metrics import read_metrics
+from learner.controller import BatchSizeController, scaled_optimizer
+
+RunRecord = dict[str, Any]
+
+
+def fixed_batch_config(base: Config, batch_size: int, scaling: str, seed: int, *, base_batch_size: int,
+                       max_samples: int, eval_samples: int, run_dir: str, stop_at: float = 0.0) -> Config:
+    """`base` at a fixed batch size with the scaling rule's Adam values (tuned at base_batch_size)."""
+    lc = base.learner
+    mb = min(lc.microbatch_size, batch_size)
+    learner = dataclasses.replace(lc, batch_size=batch_size, microbatch_size=mb, seed=seed,
+                                  optimizer=scaled_optimizer(lc.optimizer, base_batch_size, batch_size, scaling))
+    run = dataclasses.replace(base.run, dir=run_dir, steps=max(1, max_samples // batch_size),
+                              eval_every=max(1, eval_samples // batch_size), stop_at_exact_match=stop_at,
+                              progress=False)
+    return dataclasses.replace(base, learner=learner, run=run,
+                               task=dataclasses.replace(base.task, seed=seed),
+                               actors=dataclasses.replace(base.actors, seed=seed))
+
+
+def observer(cfg: Config) -> BatchSizeController:
+    """A controller that never changes B but logs the noise scale and throughput estimates."""
+    c = dataclasses.replace(cfg.controller, enabled=True, min_batch_size=cfg.learner.batch_size,
+                            max_batch_size=cfg.learner.batch_size, scale_concurrency=False,
+                            min_ess=0.0, max_clip_frac=1.0, base_batch_size=0)
+    return BatchSizeController(c, cfg.learner, cfg.actors.num_actors, cfg.actors.max_staleness > 0)
+
+
+def run_record(cfg: Config, run_dir: str, metric: str, **labels) -> RunRecord:
+    """What one finished run contributes: its eval curve and measurements, from metrics.jsonl."""
+    rows = read_metrics(run_dir)
+    t0 = rows[0]["wall_time"]  # RL starts after build, warm-up and the first evaluation
+    evals = [(r["samples"], r["wall_time"] - t0 if r["step"] else 0.0, r[metric])
+             for r in rows if r.get(metric) is not None]
+    steps = [r for r in rows if r["step"] > 0]
+    bn = [r["controller/noise_scale"] for r in steps if r.get("controller/noise_scale")]
+    k = min(2, len(steps) - 1)  # skip the first updates (compilation) when measuring throughput
+    rl_wall = steps[-1]["wall_time"] - steps[k]["wall_time"] if k > 0 else 0.0
+    train_s = [r["learner/train_seconds"] for r in steps[2:]] or [r["learner/train_seconds"] for r in steps]
+    return {**labels, "run_dir": run_dir, "metric": metric, "curve": evals,
+            "batch_sizes": [r["batch_size"] for r in steps],
+            "decisions": [(r["step"], r["controller/decision"]) for r in steps if r.get("controller/decision")],
+            "noise_scale": float(np.median(bn[len(bn) // 2:])) if bn else None,
+            "samples_per_second": (steps[-1]["samples"] - steps[k]["samples"]) / rl_wall if rl_wall > 0 else None,
+            "learner_seconds_per_step": float(np.median(train_s)) if train_s else None,
+            "lr": cfg.learner.optimizer.lr, "b1": cfg.learner.optimizer.b1,
+            "b2": cfg.learner.optimizer.b2, "eps": cfg.learner.optimizer.eps}
+
+
+def crossing(curve, target: float) -> tuple[float, float] | None:
+    """(samples, wall seconds) where the eval curve first reaches `target`, interpolated; None if never."""
+    prev = None
+    for s, w, v in curve:
+        if v >= target:
+            if prev is None or prev[2] >= target:
+                return float(s), float(w)
+            f = (target - prev[2]) / (v - prev[2])
+            return prev[0] + f * (s - prev[0]), prev[1] + f * (w - prev[1])
+        prev = (s, w, v)
+    return None
+
+
+def auto_target(records: list[RunRecord], fraction: float = 0.5) -> float:
+    """A target every run reaches: start + fraction * (smallest best-reached - start)."""
+    start = statistics.median(r["curve"][0][2] for r in records)
+    best = min(max(v for _, _, v in r["curve"]) for r in records)
+    return start + fraction * (best - start)
+
+
+def add_time_to_target(records: list[RunRecord], target: float) -> None:
+    for r in records:
+        hit = crossing(r["curve"], target)
+        r["samples_to_target"], r["wall_to_target"] = hit if hit else (None, None)
+
+
+def median_or_none(values):
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def relative_spread(values) -> float | None:
+    """(max - min) / mean of the values, None if fewer than two."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 2:
+        return None
+    return (max(vals) - min(vals)) / float(np.mean(vals))
+
+
+def write_json(path: str, data) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, default=float)
+
+
+def pyplot():
+    """matplotlib.pyplot with the file-only backend (the `plots` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    def fmt(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def out_dir(base: str, name: str) -> str:
+    path = os.path.abspath(base)
+    os.makedirs(os.path.join(path, "runs"), exist_ok=True)
+    return path

@@ -1,0 +1,140 @@
+"""decision-rule: for each fixed B, predicted vs measured time-to-target; then the controller on.
+
+Predicted T(B) = (1 + B / B_noise) / X(B) (up to a constant), with B_noise the median of the
+noise-scale estimates logged in the fixed runs and X(B) each run's measured samples/s; both the
+predicted and the measured times are shown relative to the best fixed B. The controller run starts
+at the middle batch size with the same sqrt rule; acceptance: within 1.15x of the best fixed B and
+at least 1.3x better than the worst.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from launch.config import Config
+from launch.experiments import common
+from launch.experiments.batch_invariance import run_grid
+from launch.train import train
+from learner.controller import make_controller
+from learner.controller.decision import time_to_target_score
+
+QUICK = dict(batch_sizes=(16, 32, 64), seeds=(0,), max_samples=1024, eval_samples=128, target="auto",
+             metric="eval/reward", window=2, dwell=4)
+FULL = dict(batch_sizes=(64, 128, 256, 512), seeds=(0, 1, 2), max_samples=80_000, eval_samples=2048,
+            target="0.5", metric="eval/exact_match", window=10, dwell=20)
+
+
+def controller_runs(base: Config, out: str, p: dict, log=print) -> list[dict]:
+    bs = sorted(p["batch_sizes"])
+    start = bs[len(bs) // 2]
+    base_b = base.controller.base_batch_size or base.learner.batch_size
+    records = []
+    for seed in p["seeds"]:
+        run_dir = os.path.join(out, "runs", f"controller-s{seed}")
+        cfg = common.fixed_batch_config(base, start, "sqrt", seed, base_batch_size=base_b,
+                                        max_samples=p["max_samples"], eval_samples=p["eval_samples"],
+                                        run_dir=run_dir)
+        # steps sized for the start B (the sample budget moves with the controller's choices);
+        # evaluations at least as often as the fixed runs' whatever B it picks
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(
+            cfg.run, steps=p["max_samples"] // start, eval_every=max(1, p["eval_samples"] // bs[-1])),
+            controller=dataclasses.replace(cfg.controller, enabled=True, window=p["window"], dwell=p["dwell"],
+                                           min_batch_size=bs[0], max_batch_size=bs[-1], scaling="sqrt",
+                                           base_batch_size=0))
+        ctrl = make_controller(cfg.controller, cfg.learner, cfg.actors)
+        train(cfg, run_dir, controller=ctrl)
+        rec = common.run_record(cfg, run_dir, p["metric"], batch_size="controller", scaling="sqrt", seed=seed)
+        rec["controller_decisions"] = ctrl.decisions
+        log(f"  controller seed {seed}: B path {_path(rec['batch_sizes'])}")
+        records.append(rec)
+    return records
+
+
+def _path(sizes) -> str:
+    path = [sizes[0]] + [b for a, b in zip(sizes, sizes[1:]) if a != b]
+    return " -> ".join(str(b) for b in path)
+
+
+def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
+    p = {**(QUICK if quick else FULL), **{k: v for k, v in opts.items() if v is not None and k in QUICK}}
+    log(f"decision-rule ({'quick' if quick else 'full'}): fixed B {p['batch_sizes']} (sqrt) x seeds {p['seeds']}, "
+        "then the controller")
+    fixed_target = None if p["target"] == "auto" else float(p["target"])
+    fixed = run_grid(base, out, p["batch_sizes"], ("sqrt",), p["seeds"], p["max_samples"], p["eval_samples"],
+                     p["metric"], log=log)
+    ctrl = controller_runs(base, out, p, log=log)
+    target = fixed_target if fixed_target is not None else common.auto_target(fixed + ctrl)
+    common.add_time_to_target(fixed + ctrl, target)
+    bn = common.median_or_none(r["noise_scale"] for r in fixed)
+    rows, table = {}, []
+    for b in p["batch_sizes"]:
+        runs = [r for r in fixed if r["batch_size"] == b]
+        x = common.median_or_none(r["samples_per_second"] for r in runs)
+        rows[b] = {"measured_wall": common.median_or_none(r["wall_to_target"] for r in runs),
+                   "samples_to_target": common.median_or_none(r["samples_to_target"] for r in runs),
+                   "samples_per_second": x,
+                   "predicted": time_to_target_score(b, bn, x) if (bn and x) else None}
+    measured = {b: r["measured_wall"] for b, r in rows.items() if r["measured_wall"] is not None}
+    predicted = {b: r["predicted"] for b, r in rows.items() if r["predicted"] is not None}
+    best_b = min(measured, key=measured.get) if measured else None
+    worst_b = max(measured, key=measured.get) if measured else None
+    ctrl_wall = common.median_or_none(r["wall_to_target"] for r in ctrl)
+    for b, r in rows.items():
+        rel_m = r["measured_wall"] / measured[best_b] if (best_b and r["measured_wall"]) else None
+        rel_p = (r["predicted"] / predicted[best_b]) if (best_b in predicted and r["predicted"]) else None
+        r.update(measured_relative=rel_m, predicted_relative=rel_p)
+        table.append([b, r["samples_to_target"], r["samples_per_second"], r["measured_wall"], rel_m, rel_p])
+    vs_best = ctrl_wall / measured[best_b] if (ctrl_wall and best_b) else None
+    vs_worst = measured[worst_b] / ctrl_wall if (ctrl_wall and worst_b) else None
+    predicted_best = min(predicted, key=predicted.get) if predicted else None
+    results = {"experiment": "decision-rule", "quick": quick, "params": p, "target": target, "noise_scale": bn,
+               "fixed": {str(b): r for b, r in rows.items()}, "best_fixed": best_b, "worst_fixed": worst_b,
+               "predicted_best": predicted_best, "controller_wall_to_target": ctrl_wall,
+               "controller_vs_best": vs_best, "worst_vs_controller": vs_worst, "runs": fixed + ctrl}
+    common.write_json(os.path.join(out, "results.json"), results)
+    _plot(rows, ctrl, fixed, os.path.join(out, "decision_rule.png"))
+    report = "\n\n".join([
+        "# Decision rule",
+        f"{'Quick' if quick else 'Full'} size; target {target:.4g} on held-out `{p['metric']}`; "
+        f"B_noise (median of the fixed runs' estimates) = {bn if bn is None else f'{bn:.4g}'}.",
+        common.markdown_table(["B", "samples to target", "samples/s", "wall to target (s)", "measured / best",
+                               "predicted / best"], table),
+        f"Best fixed B (measured) {best_b}, predicted best {predicted_best}, worst {worst_b}.",
+        f"Controller (start B={sorted(p['batch_sizes'])[len(p['batch_sizes']) // 2]}): wall to target "
+        f"{ctrl_wall if ctrl_wall is None else f'{ctrl_wall:.1f} s'}; vs best fixed "
+        f"{vs_best if vs_best is None else f'{vs_best:.2f}x'} (acceptance <= 1.15x); worst fixed / controller "
+        f"{vs_worst if vs_worst is None else f'{vs_worst:.2f}x'} (acceptance >= 1.3x). "
+        f"B paths: {'; '.join(_path(r['batch_sizes']) for r in ctrl)}.",
+        "![decision rule](decision_rule.png)",
+    ])
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(report + "\n")
+    log(f"decision-rule: report {out}/report.md")
+    return results
+
+
+def _plot(rows, ctrl, fixed, path):
+    plt = common.pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    bs = [x for x in rows if rows[x]["measured_relative"] is not None]
+    a.plot(bs, [rows[x]["measured_relative"] for x in bs], "o-", label="measured")
+    bp = [x for x in rows if rows[x]["predicted_relative"] is not None]
+    a.plot(bp, [rows[x]["predicted_relative"] for x in bp], "s--", label="predicted (1 + B/B_noise) / X(B)")
+    a.set_xscale("log", base=2)
+    a.set_xlabel("batch size")
+    a.set_ylabel("time to target / best fixed B")
+    a.legend()
+    a.grid(alpha=0.3)
+    for r in fixed:
+        s, w, v = zip(*r["curve"])
+        b.plot(w, v, alpha=0.6, label=f"B={r['batch_size']} s{r['seed']}")
+    for r in ctrl:
+        s, w, v = zip(*r["curve"])
+        b.plot(w, v, "k-", lw=2, label=f"controller s{r['seed']}")
+    b.set_xlabel("wall seconds (RL)")
+    b.set_ylabel("held-out score")
+    b.legend(fontsize=7)
+    b.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

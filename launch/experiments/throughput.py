@@ -1,0 +1,151 @@
+"""throughput: generation samples/s against concurrency, learner samples/s against batch size,
+with the controller's fitted curves (X_gen(c) = c r1 / (1 + c / c_sat); t_step = t_fix + B t_sample)
+drawn over the measured points.
+
+Generation is timed through Actor.step (one engine call of c prompts x G completions, scored), the
+learner through TrainStep.update on real rollout groups; each point is the median of `repeats` timed
+calls after one untimed call (compilation).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from actors.actor_loop import Actor
+from actors.engine import JaxEngine
+from actors.prompt_stream import PromptStream
+from actors.tasks.base import make_task
+from launch.config import Config, seq_len as config_seq_len
+from launch.experiments import common
+from launch.policy import build_policy
+from learner.batching import build_microbatches
+from learner.controller.throughput import GenerationThroughput, LearnerThroughput
+from learner.factory import make_train_step
+from protocols.weights import InProcessWeights
+
+QUICK = dict(concurrencies=(1, 2, 4, 8), batch_sizes=(16, 32, 64), repeats=2)
+FULL = dict(concurrencies=(1, 2, 4, 8, 16, 32, 64), batch_sizes=(32, 64, 128, 256, 512, 1024), repeats=5)
+
+
+def _timed(fn, repeats: int) -> float:
+    fn()  # compile / warm caches
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(base: Config, concurrencies, batch_sizes, repeats: int, log=print) -> dict:
+    """Measured points: generation (c, samples/s, tokens/s) and learner (B, seconds/step, samples/s)."""
+    policy = build_policy(base)
+    task = make_task(base.task)
+    G = base.learner.group_size
+    engine = JaxEngine(policy.model_cfg, policy.graphdef, base.engine, policy.tokenizer.eos_id,
+                       policy.tokenizer.pad_id)
+    stream = PromptStream(task)
+    weights = InProcessWeights(policy.params, 0)
+    actor = Actor("probe", engine, task, stream, None, weights, None, G, 1, base.actors.seed)
+    gen = []
+    for c in concurrencies:
+        prompts = stream.take(c)
+        out = {}
+        secs = _timed(lambda: out.setdefault("g", actor.step(prompts)), repeats)
+        tokens = sum(len(x) for g in out["g"] for x in g.completion_tokens)
+        gen.append({"concurrency": c, "seconds": secs, "samples_per_second": c * G / secs,
+                    "tokens_per_second": tokens / secs})
+        log(f"  generation c={c:<4} {c * G / secs:8.1f} samples/s")
+    # learner: real groups from the engine, as many as the largest batch needs
+    groups = actor.step(stream.take(max(batch_sizes) // G))
+    ts = make_train_step(policy.graphdef, base.learner)
+    state = ts.init(policy.params)
+    L = config_seq_len(base, task.max_prompt_len)
+    learn = []
+    for b in batch_sizes:
+        mb_size = min(base.learner.microbatch_size, b)
+        mbs, stats = build_microbatches(groups[: b // G], L, mb_size, policy.tokenizer.pad_id, base.learner.grpo)
+
+        def step():
+            _, m = ts.update(state, mbs, stats["num_tokens"])  # update returns host floats: synced
+            return m
+
+        secs = _timed(step, repeats)
+        learn.append({"batch_size": b, "seconds": secs, "samples_per_second": b / secs,
+                      "tokens_per_second": stats["num_tokens"] / secs})
+        log(f"  learner    B={b:<5} {b / secs:8.1f} samples/s")
+    return {"generation": gen, "learner": learn, "group_size": G}
+
+
+def fit(points: dict) -> tuple[GenerationThroughput, LearnerThroughput]:
+    """The controller's models fitted to the measured points."""
+    g = GenerationThroughput(num_engines=1, decay=0.0)
+    for p in points["generation"]:
+        g.observe(p["concurrency"], p["samples_per_second"])
+    lt = LearnerThroughput(decay=0.0)
+    for p in points["learner"]:
+        lt.observe(p["batch_size"], p["seconds"])
+    return g, lt
+
+
+def plot(points, g, lt, path):
+    plt = common.pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    cs = np.array([p["concurrency"] for p in points["generation"]], float)
+    a.plot(cs, [p["samples_per_second"] for p in points["generation"]], "o", label="measured")
+    grid = np.geomspace(cs.min(), cs.max() * 2, 50)
+    a.plot(grid, [g.predict(c) for c in grid], "-", label="fit c r1 / (1 + c / c_sat)")
+    a.set_xscale("log", base=2)
+    a.set_xlabel("concurrency (prompts per engine call)")
+    a.set_ylabel("generation samples/s")
+    a.legend()
+    a.grid(alpha=0.3)
+    bs = np.array([p["batch_size"] for p in points["learner"]], float)
+    b.plot(bs, [p["samples_per_second"] for p in points["learner"]], "o", label="measured")
+    grid = np.geomspace(bs.min(), bs.max() * 2, 50)
+    b.plot(grid, [lt.predict(x) for x in grid], "-", label="fit B / (t_fix + B t_sample)")
+    b.set_xscale("log", base=2)
+    b.set_xlabel("batch size (samples)")
+    b.set_ylabel("learner samples/s")
+    b.legend()
+    b.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
+    p = {**(QUICK if quick else FULL), **{k: v for k, v in opts.items() if v is not None and k in QUICK}}
+    log(f"throughput ({'quick' if quick else 'full'}): concurrency {p['concurrencies']}, B {p['batch_sizes']}")
+    points = measure(base, p["concurrencies"], p["batch_sizes"], p["repeats"], log=log)
+    g, lt = fit(points)
+    r1, c_sat = g.curve()
+    t_fix, t_sample = lt.cost()
+    results = {"experiment": "throughput", "quick": quick, "params": p, "points": points,
+               "generation_fit": {"r1": r1, "c_sat": c_sat}, "learner_fit": {"t_fix": t_fix, "t_sample": t_sample},
+               "device": str(jax.devices()[0])}
+    common.write_json(os.path.join(out, "results.json"), results)
+    plot(points, g, lt, os.path.join(out, "throughput.png"))
+    report = "\n\n".join([
+        "# Throughput",
+        f"Device {results['device']}. Generation: one engine call of c prompts x G={points['group_size']} "
+        "completions (Actor.step, scoring included). Learner: one TrainStep.update on real rollouts.",
+        f"Generation fit: r1 = {r1:.4g} samples/s per unit concurrency, c_sat = {c_sat:.4g}. "
+        f"Learner fit: t_fix = {t_fix * 1e3:.3g} ms, t_sample = {t_sample * 1e3:.3g} ms.",
+        common.markdown_table(["concurrency", "samples/s", "tokens/s", "fit samples/s"],
+                              [[q["concurrency"], q["samples_per_second"], q["tokens_per_second"],
+                                g.predict(q["concurrency"])] for q in points["generation"]]),
+        common.markdown_table(["batch size", "seconds/step", "samples/s", "fit samples/s"],
+                              [[q["batch_size"], q["seconds"], q["samples_per_second"], lt.predict(q["batch_size"])]
+                               for q in points["learner"]]),
+        "![throughput](throughput.png)",
+    ])
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(report + "\n")
+    log(f"throughput: report {out}/report.md")
+    return results
