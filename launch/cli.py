@@ -153,7 +153,12 @@ def cmd_experiment(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and getattr(args, "command", None) == "experiment" and all("=" in r and not r.startswith("-") for r in rest):
+        args.overrides = list(args.overrides) + rest  # key=value after the options
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "train":
         return cmd_train(args)
     if args.command == "experiment":

@@ -1,0 +1,81 @@
+"""Experiments: time-to-target arithmetic, summaries and reports on hand-made runs; the CLI end to end."""
+import json
+import os
+
+import pytest
+
+from launch.cli import main
+from launch.experiments import batch_invariance, common
+
+
+def record(b, scaling, seed, values, step=64):
+    curve = [(i * step, i * 2.0, v) for i, v in enumerate(values)]
+    return {"batch_size": b, "scaling": scaling, "seed": seed, "curve": curve, "run_dir": "x"}
+
+
+def test_crossing_interpolates_between_evaluations():
+    curve = [(0, 0.0, 0.1), (100, 10.0, 0.3), (200, 20.0, 0.7)]
+    assert common.crossing(curve, 0.5) == pytest.approx((150.0, 15.0))
+    assert common.crossing(curve, 0.05) == (0.0, 0.0)
+    assert common.crossing(curve, 0.8) is None
+
+
+def test_auto_target_is_reached_by_every_run():
+    recs = [record(16, "sqrt", 0, [0.1, 0.3, 0.5]), record(32, "sqrt", 0, [0.1, 0.2, 0.3])]
+    t = common.auto_target(recs)
+    assert t == pytest.approx(0.1 + 0.5 * (0.3 - 0.1))
+    common.add_time_to_target(recs, t)
+    assert all(r["samples_to_target"] is not None for r in recs)
+    assert recs[0]["samples_to_target"] < recs[1]["samples_to_target"]
+
+
+def test_summary_spread_is_relative_to_the_mean_of_per_batch_medians():
+    recs = []
+    for seed, (a, b) in enumerate([(100, 150), (120, 130), (110, 300)]):  # medians 110 and 150
+        recs += [dict(record(16, "sqrt", seed, []), samples_to_target=a),
+                 dict(record(32, "sqrt", seed, []), samples_to_target=b)]
+    recs.append(dict(record(16, "none", 0, []), samples_to_target=100))
+    recs.append(dict(record(32, "none", 0, []), samples_to_target=None))  # not reached
+    s = batch_invariance.summarize(recs, (16, 32), ("sqrt", "none"))
+    assert s["sqrt"]["samples_to_target"] == {"16": 110, "32": 150}
+    assert s["sqrt"]["spread"] == pytest.approx(40 / 130)
+    assert s["none"]["spread"] is None and not s["none"]["all_reached"]
+
+
+def test_curves_plot_is_written(tmp_path):
+    recs = [record(16, "sqrt", 0, [0.1, 0.3]), record(32, "none", 0, [0.1, 0.2])]
+    path = tmp_path / "curves.png"
+    batch_invariance.plot(recs, (16, 32), ("sqrt", "none"), 0.2, "eval/reward", str(path))
+    assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_rejects_a_bad_override(capsys, tmp_path):
+    assert main(["experiment", "batch-invariance", "--quick", "--out", str(tmp_path), "learner.nope=1"]) == 2
+    assert "learner.nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["experiment", "no-such-experiment"])
+
+
+@pytest.mark.slow
+def test_batch_invariance_quick_end_to_end(tmp_path, capsys):
+    """The CI smoke at its smallest: two batch sizes, two rules, one seed (~1-2 minutes on 2 cores)."""
+    out = tmp_path / "exp"
+    rc = main(["experiment", "batch-invariance", "--quick", "--out", str(out), "--batch-sizes", "16", "32",
+               "--scalings", "sqrt", "none", "--max-samples", "128", "--eval-samples", "32",
+               "learner.sft.steps=3", "task.heldout_size=16"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["out"] == str(out)
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["runs"]) == 4
+    assert {(r["batch_size"], r["scaling"]) for r in results["runs"]} == {(16, "sqrt"), (32, "sqrt"),
+                                                                         (16, "none"), (32, "none")}
+    # the sqrt rule's Adam values were applied (base batch 128): lr * sqrt(B / 128)
+    lr = {(r["batch_size"], r["scaling"]): r["lr"] for r in results["runs"]}
+    assert lr[(32, "sqrt")] == pytest.approx(2 * lr[(16, "sqrt")] / 2 ** 0.5)
+    assert lr[(16, "none")] == lr[(32, "none")]
+    for r in results["runs"]:
+        assert r["curve"][-1][0] == 128 and os.path.isfile(os.path.join(r["run_dir"], "metrics.jsonl"))
+    assert set(results["summary"]) == {"sqrt", "none"}
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    report = (out / "report.md").read_text()
+    assert "Batch invariance" in report and "curves.png" in report and "| sqrt |" in report
