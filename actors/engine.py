@@ -11,6 +11,13 @@ Behavior logprobs (what the learner's off-policy correction needs) are, for each
 ``log_softmax(logits / temperature)[token]``: the temperature-scaled distribution BEFORE top-p
 truncation. The learner recomputes exactly that with ``token_logprobs(..., temperature=T)``. In
 greedy mode they are ``log_softmax(logits)[token]`` (temperature 1).
+
+Sampling support (top-p): the learner cannot rebuild the sampler's nucleus (its own logits pick a
+different set), so Cadence compares sampler and learner on the SAME, full-vocabulary support: both
+logprobs are untruncated. The truncation itself is reported, not hidden: ``kept_logmass`` is the
+log of the probability mass the nucleus kept at each step (0 without top-p), so the true sampling
+probability of a token is ``exp(logprob - kept_logmass)`` and ``-kept_logmass`` is exactly
+KL(truncated || full) of that step, the part of the sampler/learner mismatch that truncation adds.
 """
 
 import dataclasses
@@ -61,6 +68,22 @@ class GenerationResult(NamedTuple):
     lengths: np.ndarray  # [N] int32 completion length, including the EOS token if one was produced
     seconds: float  # wall time of the whole generate call (host prep, device loop, transfer back)
     num_tokens: int  # generated tokens (sum of lengths)
+    # [N, max_new_tokens] float32 log of the nucleus mass kept at each step (<= 0; 0 without top-p,
+    # when greedy, and after the end); -kept_logmass = KL(truncated || full) of that step
+    kept_logmass: np.ndarray | None = None
+
+
+def nucleus_log_mass(logits, temperature, top_p, greedy):
+    """[B] log of the probability mass top-p keeps (the support the sampler actually draws from).
+
+    Uses the same nucleus rule as sample_token; 0 when top_p >= 1 or greedy.
+    """
+    logp = jax.nn.log_softmax(logits / temperature, axis=-1)  # [B, V]
+    sorted_lp = -jnp.sort(-logp, axis=-1)
+    probs = jnp.exp(sorted_lp)
+    keep = jnp.cumsum(probs, axis=-1) - probs < top_p  # [B, V] sorted order
+    kept = jax.nn.logsumexp(jnp.where(keep, sorted_lp, -jnp.inf), axis=-1)  # [B]
+    return jnp.where((top_p < 1.0) & ~greedy, jnp.minimum(kept, 0.0), 0.0)
 
 
 def sample_token(logits, key, temperature, top_p, greedy):
@@ -104,7 +127,8 @@ def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask
     """The whole generation for one bucket: prefill, then a while-loop of decode steps.
 
     tokens/mask [B, P] left-padded prompt block; active [B] bool (False for bucket-filler rows).
-    Returns (tokens [B, M] int32, logprobs [B, M] float32, lengths [B] int32).
+    Returns (tokens [B, M] int32, logprobs [B, M] float32, lengths [B] int32,
+    kept_logmass [B, M] float32).
     """
     b, p = tokens.shape
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)  # [B, P]
@@ -113,38 +137,43 @@ def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask
     cache = llama.init_cache(model_cfg, b, p + max_new - 1)
     logits, cache = llama.prefill(graphdef, params, cache, tokens, positions, mask)
 
-    def record(i, tok, lp, out_tok, out_lp, lengths, done):
+    def record(i, tok, lp, km, out_tok, out_lp, out_km, lengths, done):
         out_tok = out_tok.at[:, i].set(jnp.where(done, pad_id, tok))
         out_lp = out_lp.at[:, i].set(jnp.where(done, 0.0, lp))
+        out_km = out_km.at[:, i].set(jnp.where(done, 0.0, km))
         lengths = lengths + (~done).astype(jnp.int32)
-        return out_tok, out_lp, lengths, done | (tok == eos_id)
+        return out_tok, out_lp, out_km, lengths, done | (tok == eos_id)
 
     tok, lp = sample_token(logits, jax.random.fold_in(rng, 0), temperature, top_p, greedy)
     init = record(
         0,
         tok,
         lp,
+        nucleus_log_mass(logits, temperature, top_p, greedy),
         jnp.full((b, max_new), pad_id, jnp.int32),
+        jnp.zeros((b, max_new), jnp.float32),
         jnp.zeros((b, max_new), jnp.float32),
         jnp.zeros((b,), jnp.int32),
         ~active,
     )
 
     def cond(carry):
-        i, _, _, _, _, _, done = carry
+        i, *_, done = carry
         return (i < max_new) & ~jnp.all(done)
 
     def body(carry):
-        i, cache, tok, out_tok, out_lp, lengths, done = carry
+        i, cache, tok, out_tok, out_lp, out_km, lengths, done = carry
         logits, cache = llama.decode_step(graphdef, params, cache, tok, prompt_len + i - 1)
         tok, lp = sample_token(logits, jax.random.fold_in(rng, i), temperature, top_p, greedy)
-        out_tok, out_lp, lengths, done = record(i, tok, lp, out_tok, out_lp, lengths, done)
-        return i + 1, cache, tok, out_tok, out_lp, lengths, done
+        km = nucleus_log_mass(logits, temperature, top_p, greedy)
+        out_tok, out_lp, out_km, lengths, done = record(i, tok, lp, km, out_tok, out_lp, out_km,
+                                                        lengths, done)
+        return i + 1, cache, tok, out_tok, out_lp, out_km, lengths, done
 
-    out_tok, out_lp, lengths, done = init
-    carry = (jnp.int32(1), cache, tok, out_tok, out_lp, lengths, done)
-    _, _, _, out_tok, out_lp, lengths, _ = jax.lax.while_loop(cond, body, carry)
-    return out_tok, out_lp, lengths
+    out_tok, out_lp, out_km, lengths, done = init
+    carry = (jnp.int32(1), cache, tok, out_tok, out_lp, out_km, lengths, done)
+    _, _, _, out_tok, out_lp, out_km, lengths, _ = jax.lax.while_loop(cond, body, carry)
+    return out_tok, out_lp, lengths, out_km
 
 
 class JaxEngine:
@@ -214,7 +243,8 @@ class JaxEngine:
         m = self.cfg.max_new_tokens
         if n == 0:
             empty = np.zeros((0, m), np.int32)
-            return GenerationResult(empty, empty.astype(np.float32), np.zeros((0,), np.int32), 0.0, 0)
+            return GenerationResult(empty, empty.astype(np.float32), np.zeros((0,), np.int32), 0.0, 0,
+                                    empty.astype(np.float32))
         lens = [len(p) for p in prompts]
         if min(lens) < 1:
             raise ValueError("prompts: every prompt needs at least one token (e.g. BOS)")
@@ -238,7 +268,9 @@ class JaxEngine:
         out_tok = np.concatenate([o[0][: min(chunk, n - lo)] for o, lo in zip(outs, starts)])
         out_lp = np.concatenate([o[1][: min(chunk, n - lo)] for o, lo in zip(outs, starts)])
         lengths = np.concatenate([o[2][: min(chunk, n - lo)] for o, lo in zip(outs, starts)])
-        return GenerationResult(out_tok, out_lp, lengths, time.perf_counter() - start, int(lengths.sum()))
+        kept = np.concatenate([o[3][: min(chunk, n - lo)] for o, lo in zip(outs, starts)])
+        return GenerationResult(out_tok, out_lp, lengths, time.perf_counter() - start,
+                                int(lengths.sum()), kept)
 
     def _pack(self, prompts, lens):
         """Left-pads prompts into the bucketed block: tokens/mask [B, P], active [B]."""

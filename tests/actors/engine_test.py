@@ -210,3 +210,45 @@ def test_engine_config_validate_names_the_field(change, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         dataclasses.replace(EngineConfig(), **change).validate()
     EngineConfig().validate()
+
+
+# ---- sampling support: full-vocabulary logprobs, and the nucleus mass reported beside them ----
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 0.7), (0.7, 0.9), (1.0, 1.0)])
+def test_kept_logmass_gives_the_true_sampling_probability_and_the_truncation_kl(temperature, top_p):
+    from actors.engine import nucleus_log_mass
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    n = 20_000
+    logits = jnp.broadcast_to(jnp.log(jnp.asarray(p, jnp.float32)), (n, 4))
+    tokens, lp = jax.jit(sample_token)(logits, jax.random.key(1), jnp.float32(temperature),
+                                       jnp.float32(top_p), jnp.bool_(False))
+    km = np.asarray(nucleus_log_mass(logits, jnp.float32(temperature), jnp.float32(top_p), jnp.bool_(False)))
+    scaled = p ** (1 / temperature) / np.sum(p ** (1 / temperature))
+    keep = np.cumsum(scaled) - scaled < top_p  # sorted already (p is descending)
+    z = scaled[keep].sum()
+    np.testing.assert_allclose(km, np.log(z), atol=1e-6)
+    trunc = np.where(keep, scaled / z, 0.0)
+    kl = np.sum(trunc[keep] * np.log(trunc[keep] / scaled[keep]))  # KL(truncated || full)
+    np.testing.assert_allclose(-km[0], kl, atol=1e-6)
+    # exp(logprob - kept_logmass) is the probability the token was actually drawn with.
+    true_p = np.exp(np.asarray(lp) - km)
+    tok = np.asarray(tokens)
+    np.testing.assert_allclose(true_p, trunc[tok], rtol=1e-5)
+    freq = np.bincount(tok, minlength=4) / n
+    assert np.all(np.abs(freq - trunc) <= _frequency_bound(trunc, n))
+    greedy_km = nucleus_log_mass(logits[:2], jnp.float32(temperature), jnp.float32(top_p), jnp.bool_(True))
+    assert np.all(np.asarray(greedy_km) == 0)
+
+
+def test_generate_reports_kept_logmass_on_the_same_rows_as_logprobs(model, engine):
+    params = model[1]
+    full = engine.generate(params, PROMPTS, jax.random.key(3))
+    assert full.kept_logmass.shape == full.logprobs.shape and np.all(full.kept_logmass == 0)
+    nucleus = engine.generate(params, PROMPTS, jax.random.key(3), top_p=0.8)
+    km = nucleus.kept_logmass
+    live = np.arange(km.shape[1])[None, :] < nucleus.lengths[:, None]
+    assert np.all(km <= 0) and np.all(km[~live] == 0)
+    assert np.all(km[live] >= np.log(0.8) - 1e-5)  # the nucleus keeps at least top_p of the mass
+    # The behavior logprobs stay on the full support: no sampled token is more likely than p_full / Z.
+    assert np.all(nucleus.logprobs[live] - km[live] <= 1e-6)
