@@ -32,7 +32,8 @@ def run_grid(base: Config, out: str, batch_sizes, scalings, seeds, max_samples, 
                 run_dir = os.path.join(out, "runs", f"B{b}-{scaling}-s{seed}")
                 cfg = common.fixed_batch_config(base, b, scaling, seed, base_batch_size=base_b,
                                                 max_samples=max_samples, eval_samples=eval_samples,
-                                                run_dir=run_dir, stop_at=stop_at)
+                                                run_dir=run_dir, stop_at=stop_at,
+                                                smallest_batch_size=min(batch_sizes))
                 summary = train(cfg, run_dir, controller=common.observer(cfg))
                 rec = common.run_record(cfg, run_dir, metric, batch_size=b, scaling=scaling, seed=seed,
                                         summary_wall=summary["wall_time"])
@@ -104,7 +105,7 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
         f"{'Quick' if quick else 'Full'} size. Batch sizes {list(p['batch_sizes'])}, scaling rules "
         f"{list(p['scalings'])}, seeds {list(p['seeds'])}, up to {p['max_samples']} samples per run; "
         f"held-out `{p['metric']}` every {p['eval_samples']} samples; target {target:.4g}"
-        f"{' (auto: halfway from the start to the lowest best of all runs)' if fixed_target is None else ''}.",
+        f"{' (auto: halfway from the start to the median best of all runs)' if fixed_target is None else ''}.",
         "Samples to target (median over seeds) and spread = (max - min) / mean across batch sizes:",
         common.markdown_table(["scaling", *[f"B={b}" for b in p["batch_sizes"]], "spread"], rows),
         verdict,

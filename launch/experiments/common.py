@@ -22,10 +22,15 @@ RunRecord = dict[str, Any]
 
 
 def fixed_batch_config(base: Config, batch_size: int, scaling: str, seed: int, *, base_batch_size: int,
-                       max_samples: int, eval_samples: int, run_dir: str, stop_at: float = 0.0) -> Config:
-    """`base` at a fixed batch size with the scaling rule's Adam values (tuned at base_batch_size)."""
+                       max_samples: int, eval_samples: int, run_dir: str, stop_at: float = 0.0,
+                       smallest_batch_size: int | None = None) -> Config:
+    """`base` at a fixed batch size with the scaling rule's Adam values (tuned at base_batch_size).
+
+    The microbatch size is the same for every batch size of an experiment and at most half the
+    smallest one, so every run has >= 2 microbatches (the noise-scale estimator needs them).
+    """
     lc = base.learner
-    mb = min(lc.microbatch_size, batch_size)
+    mb = max(1, min(lc.microbatch_size, (smallest_batch_size or batch_size) // 2))
     learner = dataclasses.replace(lc, batch_size=batch_size, microbatch_size=mb, seed=seed,
                                   optimizer=scaled_optimizer(lc.optimizer, base_batch_size, batch_size, scaling))
     run = dataclasses.replace(base.run, dir=run_dir, steps=max(1, max_samples // batch_size),
@@ -79,9 +84,10 @@ def crossing(curve, target: float) -> tuple[float, float] | None:
 
 
 def auto_target(records: list[RunRecord], fraction: float = 0.5) -> float:
-    """A target every run reaches: start + fraction * (smallest best-reached - start)."""
+    """start + fraction * (median best-reached - start): most runs reach it, a run that never
+    improves does not (the median keeps one flat run from making the target the start)."""
     start = statistics.median(r["curve"][0][2] for r in records)
-    best = min(max(v for _, _, v in r["curve"]) for r in records)
+    best = statistics.median(max(v for _, _, v in r["curve"]) for r in records)
     return start + fraction * (best - start)
 
 

@@ -33,7 +33,7 @@ def controller_runs(base: Config, out: str, p: dict, log=print) -> list[dict]:
         run_dir = os.path.join(out, "runs", f"controller-s{seed}")
         cfg = common.fixed_batch_config(base, start, "sqrt", seed, base_batch_size=base_b,
                                         max_samples=p["max_samples"], eval_samples=p["eval_samples"],
-                                        run_dir=run_dir)
+                                        run_dir=run_dir, smallest_batch_size=bs[0])
         # steps sized for the start B (the sample budget moves with the controller's choices);
         # evaluations at least as often as the fixed runs' whatever B it picks
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(
