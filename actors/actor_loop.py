@@ -20,6 +20,7 @@ import numpy as np
 from actors.prompt_stream import PromptStream
 from actors.tasks.base import Prompt, Task
 from protocols.admission import AdmissionGate
+from protocols.ledger import SampleLedger
 from protocols.messages import EngineTimings, RolloutGroup
 from protocols.transport import TransportClosed
 
@@ -39,7 +40,7 @@ class ActorStats:
 class Actor:
     def __init__(self, actor_id: str, engine: Any, task: Task, stream: PromptStream,
                  gate: AdmissionGate, weights: Any, transport: Any, group_size: int,
-                 prompts_per_call: int, seed: int):
+                 prompts_per_call: int, seed: int, ledger: SampleLedger | None = None):
         self.actor_id = actor_id
         self.engine = engine
         self.task = task
@@ -50,6 +51,7 @@ class Actor:
         self.group_size = group_size
         self.prompts_per_call = prompts_per_call
         self.rng = jax.random.key(seed)
+        self.ledger = ledger or SampleLedger()
         self.stats = ActorStats()
         self.error: BaseException | None = None
 
@@ -77,7 +79,9 @@ class Actor:
         G = self.group_size
         params, version = self.weights.latest()  # >= the admitted version: only fresher
         queued_at = time.time()
-        self.rng, key = jax.random.split(self.rng)
+        # The key is a function of the prompts, not of how many calls came before, so a prompt
+        # re-issued after a resume is sampled exactly as it would have been.
+        key = jax.random.fold_in(self.rng, prompts[0].index)
         rows = [list(p.tokens) for p in prompts for _ in range(G)]
         started_at = time.time()
         result = self.engine.generate(params, rows, key)
@@ -116,8 +120,12 @@ class Actor:
                 if stop.is_set():
                     self.gate.cancel(n * self.group_size)
                     return
-                groups = self.step(self.stream.take(n))
+                with self.ledger.lock:  # a checkpoint snapshot sees stream and ledger agree
+                    prompts = self.stream.take(n)
+                    self.ledger.issue(prompts)
+                groups = self.step(prompts)
                 for g in groups:
+                    self.ledger.queue(g)
                     self.transport.put(g)
                 self.stats.groups += len(groups)
                 self.stats.samples += len(groups) * self.group_size

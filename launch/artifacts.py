@@ -12,22 +12,33 @@ import yaml
 from launch import config_loader
 
 
-def prepare_run_dir(cfg, run_dir: str | None = None) -> str:
-    """Create the run directory and record the resolved config and the launch command."""
-    run_dir = run_dir or cfg.run.dir
-    if not run_dir:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        run_dir = os.path.join("runs", f"{cfg.task.name}-{stamp}")
+def default_run_dir(cfg) -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{cfg.task.name}-{stamp}")
+
+
+def prepare_run_dir(cfg, run_dir: str, overwrite: bool = False) -> str:
+    """Create the run directory and record the resolved config and the launch command.
+
+    overwrite: allowed only for a run that never reached its first checkpoint (resume=auto)."""
     run_dir = os.path.abspath(run_dir)
-    if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
-        raise FileExistsError(f"run directory {run_dir} already holds a run (metrics.jsonl); "
-                              "choose another run.dir")
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.exists(metrics):
+        if not overwrite:
+            raise FileExistsError(f"run directory {run_dir} already holds a run (metrics.jsonl); "
+                                  "resume it with --resume or choose another run.dir")
+        os.remove(metrics)
     os.makedirs(run_dir, exist_ok=True)
+    write_config(cfg, run_dir)
+    return run_dir
+
+
+def write_config(cfg, run_dir: str) -> None:
+    """The resolved config and the command (appended: a resumed run adds its own line)."""
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:
         yaml.safe_dump(config_loader.to_dict(cfg), f, sort_keys=False)
-    with open(os.path.join(run_dir, "command.txt"), "w") as f:
+    with open(os.path.join(run_dir, "command.txt"), "a") as f:
         f.write(" ".join(shlex.quote(a) for a in sys.argv) + "\n")
-    return run_dir
 
 
 def params_path(run_dir: str) -> str:
@@ -37,7 +48,7 @@ def params_path(run_dir: str) -> str:
 def save_params(run_dir: str, params) -> None:
     """Final policy weights as an orbax checkpoint (no pickle)."""
     with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(params_path(run_dir), params)
+        ckpt.save(params_path(run_dir), params, force=True)
 
 
 def load_params(run_dir: str, template):

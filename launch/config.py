@@ -7,12 +7,14 @@ Each section is owned by its package (ModelConfig in learner/models, TaskConfig 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from actors.config import ActorsConfig
 from actors.engine import EngineConfig
 from actors.tasks.config import TaskConfig
 from launch import config_loader
 from launch.config_loader import ConfigError
+from learner.checkpoint import CheckpointConfig
 from learner.config import LearnerConfig
 from learner.controller.config import ControllerConfig
 from learner.models.config import ModelConfig
@@ -25,6 +27,7 @@ class RunConfig:
     eval_every: int = 10  # held-out greedy evaluation every this many updates (0 = only at the end)
     stop_at_exact_match: float = 0.0  # stop early once held-out exact match reaches this (0 = never)
     progress: bool = True  # print a progress line per evaluation / every few steps
+    resume: Literal["no", "auto", "yes"] = "no"  # continue from run.dir's newest checkpoint (auto: if any)
     log_every: int = 5  # progress line every this many updates
 
     def validate(self) -> None:
@@ -47,6 +50,7 @@ class Config:
     actors: ActorsConfig = dataclasses.field(default_factory=ActorsConfig)  # generation side
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)  # training side
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)  # batch-size control
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)  # save and resume
 
     def validate(self) -> None:
         """Checks spanning sections (each section validated itself already)."""

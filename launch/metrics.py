@@ -76,8 +76,8 @@ class Progress:
 class Clock:
     """Seconds since the run started (wall_time in metrics.jsonl)."""
 
-    def __init__(self):
-        self.t0 = time.perf_counter()
+    def __init__(self, offset: float = 0.0):
+        self.t0 = time.perf_counter() - offset  # a resumed run continues its predecessor's clock
 
     def __call__(self) -> float:
         return time.perf_counter() - self.t0

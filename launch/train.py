@@ -1,18 +1,22 @@
 """Wiring for one process: actor threads and the learner share a CPU (or an accelerator).
 
-    summary = train(cfg)    # what `cadence train` runs
+    summary = train(cfg)                  # what `cadence train` runs
+    summary = train(cfg, resume="auto")   # continue from the newest complete checkpoint, if any
 
-Order of events: build the task, model and engines; supervised warm-up; start the actor threads;
-the learner loop takes batches and publishes versions; held-out greedy evaluation every
-run.eval_every updates; final params, config and summary land in the run directory.
+Order of events: build the task, model and engine; either restore the newest checkpoint (params,
+Adam state, stream position, sample ledger with its queued groups, in-flight prompts to re-issue)
+or run the supervised warm-up; start the actor threads; the learner loop takes batches and
+publishes versions; held-out greedy evaluation every run.eval_every updates; checkpoints every
+checkpoint.every_steps; SIGTERM/SIGINT end with a final checkpoint and exit code 0.
 """
 from __future__ import annotations
 
 import functools
 import json
 import os
+import signal
+import sys
 import threading
-import time
 
 import jax
 import numpy as np
@@ -21,16 +25,19 @@ from actors.actor_loop import Actor
 from actors.engine import JaxEngine
 from actors.prompt_stream import PromptStream
 from actors.tasks.base import make_task
-from launch import artifacts
+from launch import artifacts, run_state
+from launch.config_loader import ConfigError, to_dict
 from launch.config import Config, seq_len as config_seq_len
 from launch.metrics import Clock, MetricsWriter, Progress
 from launch.policy import build_policy
 from learner.controller import make_controller
 from learner.factory import make_train_step
+from learner.checkpoint import Checkpointer
 from learner.loop import LearnerLoop, LoopSettings, PipelineStopped
 from learner.models.llama import count_params, forward
 from learner.sft import SFTStep, build_sft_batch
 from protocols.admission import AdmissionGate
+from protocols.ledger import SampleLedger
 from protocols.transport import InProcessTransport
 from protocols.weights import InProcessWeights
 
@@ -65,15 +72,63 @@ def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_
     return params, {"sft/loss": float(loss), "sft/steps": sft_cfg.steps}
 
 
-def train(cfg: Config, run_dir: str | None = None, *, wrap_train_step=None, controller=None) -> dict:
+class Preemption:
+    """First SIGTERM/SIGINT: ask for a final checkpoint and a clean exit within `timeout` seconds.
+    A second signal exits at once; the last complete checkpoint stays as it is."""
+
+    def __init__(self, stop: threading.Event, loop: LearnerLoop, timeout: float, progress: Progress):
+        self.stop, self.loop, self.timeout, self.progress = stop, loop, timeout, progress
+        self.signalled = None
+        self._old = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def _handle(self, signum, frame):
+        if self.signalled is not None:
+            os.write(2, b"cadence: second signal, exiting now; the last complete checkpoint is kept\n")
+            os._exit(128 + signum)
+        self.signalled = signal.Signals(signum).name
+        self.progress.message(f"{self.signalled}: saving a final checkpoint, then exiting "
+                              f"(within {self.timeout:.0f} s; send it again to exit at once)")
+        self.loop.stop_reason = "preempted"
+        self.stop.set()
+        timer = threading.Timer(self.timeout, self._expire)
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self):
+        os.write(2, f"cadence: final checkpoint not done within {self.timeout:.0f} s; exiting, the last "
+                    "complete checkpoint is kept\n".encode())
+        os._exit(1)
+
+
+def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_train_step=None,
+          controller=None) -> dict:
     """Run one training job; returns the summary also written to RUN_DIR/summary.json.
 
+    resume: "no" (a new run), "auto" (continue from the newest complete checkpoint if there is
+      one, else start), "yes" (continue, and fail if there is nothing to continue).
     wrap_train_step: tests inject faults (e.g. a deliberately slow learner) by wrapping TrainStep.
     controller: a learner.loop.Controller consulted after every update (batch size, Adam
       hyperparameters, actor concurrency).
+    Raises ConfigError (a resume with changed frozen keys, nothing to resume), RunFinished.
     """
-    clock = Clock()
-    run_dir = artifacts.prepare_run_dir(cfg, run_dir)
+    run_dir = os.path.abspath(run_dir or cfg.run.dir or artifacts.default_run_dir(cfg))
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    has_ckpt = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
+    if resume == "yes" and not has_ckpt:
+        raise ConfigError(f"run.resume: nothing to resume in {run_dir} (no complete checkpoint)")
+    resuming = resume in ("yes", "auto") and has_ckpt
+    if resuming:
+        run_state.check_compatible(run_dir, run_state.saved_config(run_dir), to_dict(cfg))
     progress = Progress(cfg.run.progress)
     policy = build_policy(cfg)
     tokenizer, graphdef, params = policy.tokenizer, policy.graphdef, policy.params
@@ -81,26 +136,65 @@ def train(cfg: Config, run_dir: str | None = None, *, wrap_train_step=None, cont
     heldout = task.heldout()
     L = config_seq_len(cfg, task.max_prompt_len)
     logits_fn = functools.partial(forward, graphdef)
+    train_step = make_train_step(graphdef, cfg.learner)
+    state = train_step.init(params)
+    G = cfg.learner.group_size
+    checkpointer = Checkpointer(ckpt_dir, cfg.checkpoint)
+
+    restored = checkpointer.restore_latest({"params": state.params, "opt_state": state.opt_state}) \
+        if resuming else None
+    if resuming and restored is None:
+        raise ConfigError(f"run.resume: no checkpoint in {ckpt_dir} restores (see the warnings above)")
+    if restored is not None:
+        step0, arrays, meta = restored
+        saved_steps = meta["config"]["run"]["steps"]
+        if meta.get("finished") and cfg.run.steps <= max(saved_steps, step0):
+            raise run_state.RunFinished(
+                f"{run_dir} already finished at step {step0} (run.steps={cfg.run.steps}); "
+                "raise run.steps to train further, or start a new run.dir")
+        state = state._replace(params=arrays["params"], opt_state=arrays["opt_state"], step=step0)
+        ledger = SampleLedger.from_state_dict(meta["ledger"])
+        reissue = sorted(set(ledger.in_flight.values()) | set(meta["reissue"]))
+        ledger.in_flight.clear()
+        stream = PromptStream(task, start=meta["stream_position"], reissue=reissue)
+        clock = Clock(offset=meta["wall_time"])
+        lines = run_state.truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), step0)
+        summary = dict(meta["summary"])
+        summary.setdefault("resumed_from", []).append(
+            {"step": step0, "queued_restored": len(ledger.queued), "reissued": len(reissue)})
+        artifacts.write_config(cfg, run_dir)
+        progress.message(f"resumed {run_dir} at step {step0} ({lines} metrics lines kept, "
+                         f"{len(ledger.queued)} queued groups restored, {len(reissue)} prompts re-issued)")
+        sft_metrics, record0 = {}, None
+    else:
+        step0 = 0
+        clock = Clock()
+        artifacts.prepare_run_dir(cfg, run_dir, overwrite=resume == "auto")
+        ledger = SampleLedger()
+        stream = PromptStream(task)
+        summary = {"target_reached_at": None}
     progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(params):,} params | "
-                     f"batch {cfg.learner.batch_size} samples (G={cfg.learner.group_size}) | "
+                     f"batch {cfg.learner.batch_size} samples (G={G}) | "
                      f"max_staleness {cfg.actors.max_staleness}")
     # One engine for actors and evaluation: jitted calls are thread-safe, and sharing it means the
     # held-out eval runs the program the actors already compiled.
     engine = JaxEngine(policy.model_cfg, graphdef, cfg.engine, tokenizer.eos_id, tokenizer.pad_id)
-    eval_engine = engine
-    stream = PromptStream(task)
-    params, sft_metrics = supervised_warmup(cfg, logits_fn, params, stream, L, tokenizer.pad_id, progress)
+    if restored is None:
+        params, sft_metrics = supervised_warmup(cfg, logits_fn, state.params, stream, L, tokenizer.pad_id,
+                                                progress)
+        ledger.warmup(stream.position)
+        state = state._replace(params=params)
 
-    train_step = make_train_step(graphdef, cfg.learner)
-    state = train_step.init(params)
     if wrap_train_step is not None:
         train_step = wrap_train_step(train_step)
-    G = cfg.learner.group_size
     gate = AdmissionGate(cfg.learner.batch_size, cfg.actors.max_staleness)
-    weights = InProcessWeights(state.params, 0, on_publish=lambda v: gate.notify())
+    gate.steps_taken, gate.issued = step0, G * len(ledger.queued)
+    weights = InProcessWeights(state.params, step0, on_publish=lambda v: gate.notify())
     transport = InProcessTransport(maxsize=cfg.actors.queue_size)
+    for group in ledger.queued.values():  # buffered trajectories, in their original order
+        transport.put(group)
     actors = [Actor(f"actor-{i}", engine, task, stream, gate, weights, transport, G, cfg.actors.prompts_per_call,
-                    cfg.actors.seed + i)
+                    cfg.actors.seed + i, ledger=ledger)
               for i in range(cfg.actors.num_actors)]
 
     def health():
@@ -108,19 +202,26 @@ def train(cfg: Config, run_dir: str | None = None, *, wrap_train_step=None, cont
             if a.error is not None:
                 raise PipelineStopped(f"{a.actor_id} failed: {a.error!r}") from a.error
 
+    controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
+    if restored is not None and controller is not None and meta.get("controller") is not None:
+        controller.load_state_dict(meta["controller"])
     loop = LearnerLoop(train_step, transport, gate, weights,
                        LoopSettings(cfg.learner.batch_size, G, cfg.learner.microbatch_size, L,
                                     tokenizer.pad_id, cfg.learner.grpo), health=health,
-                       controller=controller or make_controller(cfg.controller, cfg.learner, cfg.actors),
-                       on_concurrency=lambda c: [a.set_concurrency(c) for a in actors])
+                       controller=controller,
+                       on_concurrency=lambda c: [a.set_concurrency(c) for a in actors], ledger=ledger)
+    if restored is not None:
+        loop.samples = meta["samples"]
+        loop.dropped = dict(meta["dropped"])
+        loop.dropped_stale_total = meta["dropped"].get("stale", 0)
     writer = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"))
-    record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics,
-               **evaluate(eval_engine, task, state.params, heldout)}
-    writer.write(record0)
-    progress.message(f"before RL: held-out exact match {record0['eval/exact_match']:.3f}")
+    if restored is None:
+        record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics,
+                   **evaluate(engine, task, state.params, heldout)}
+        writer.write(record0)
+        progress.message(f"before RL: held-out exact match {record0['eval/exact_match']:.3f}")
 
     last = {"t": clock(), "tokens": 0}
-    summary = {"target_reached_at": None}
 
     def enrich(step, m) -> None:
         """Generation-side measurements, added before the controller sees the step."""
@@ -135,27 +236,64 @@ def train(cfg: Config, run_dir: str | None = None, *, wrap_train_step=None, cont
 
     loop.enrich = enrich
 
+    def snapshot(st, finished: bool) -> dict:
+        """Everything besides arrays that the run needs to continue, taken at a step boundary."""
+        with ledger.lock:  # actors cannot move prompts between states while we look
+            meta = {
+                "step": st.step, "version": weights.version, "samples": loop.samples,
+                "wall_time": clock(), "finished": finished,
+                "stream_position": stream.position, "reissue": stream.pending_reissue,
+                "ledger": ledger.state_dict(), "dropped": loop.dropped,
+                "batch_size": loop.batch_size,
+                "controller": controller.state_dict() if hasattr(controller, "state_dict") else None,
+                "summary": {k: v for k, v in summary.items() if k != "last_eval"},
+                "actors_seed": cfg.actors.seed, "config": to_dict(cfg),
+            }
+        # A deep copy: an asynchronous save serialises it later, while the run mutates the originals.
+        return json.loads(json.dumps(meta))
+
+    def save(st, finished=False, wait=False):
+        checkpointer.save(st.step, {"params": st.params, "opt_state": st.opt_state},
+                          snapshot(st, finished), wait=wait)
+
     def on_step(step, st, m) -> bool:
         final = step == cfg.run.steps
         if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or final:
-            summary["last_eval"] = evaluate(eval_engine, task, st.params, heldout)
+            summary["last_eval"] = evaluate(engine, task, st.params, heldout)
             m.update(summary["last_eval"])
             m["wall_time"] = clock()
+        m["checkpoint/blocked_seconds"] = checkpointer.blocked_seconds
         writer.write(m)
         if step % cfg.run.log_every == 0 or "eval/exact_match" in m or final:
             progress.line(m)
         em = m.get("eval/exact_match")
-        if em is not None and cfg.run.stop_at_exact_match and em >= cfg.run.stop_at_exact_match:
+        done = bool(em is not None and cfg.run.stop_at_exact_match and em >= cfg.run.stop_at_exact_match)
+        if done:
             summary["target_reached_at"] = {"step": step, "samples": m["samples"], "wall_time": m["wall_time"]}
-            return True
-        return False
+        if checkpointer.due(step) and not (done or final):
+            save(st)
+        return done
 
     stop = threading.Event()
     threads = [threading.Thread(target=a.run, args=(stop,), name=a.actor_id, daemon=True) for a in actors]
     for t in threads:
         t.start()
+    preempted = False
     try:
-        state = loop.run(state, cfg.run.steps, on_step=on_step, stop=stop)
+        with Preemption(stop, loop, cfg.checkpoint.signal_timeout_seconds, progress) as pre:
+            state = loop.run(state, cfg.run.steps, on_step=on_step, stop=stop, start_step=step0)
+            preempted = pre.signalled is not None
+            stop.set()
+            gate.close()
+            for t in threads:  # actors leave their in-flight prompts in the ledger: re-issued on resume
+                t.join(timeout=30)
+            summary["run_dir"] = run_dir
+            summary["steps"] = state.step
+            summary["samples"] = loop.samples
+            summary["dropped"] = dict(loop.dropped)
+            summary["dropped_stale"] = loop.dropped.get("stale", 0)
+            summary["preempted"] = preempted
+            save(state, finished=not preempted, wait=True)
     finally:
         stop.set()
         gate.close()
@@ -163,15 +301,13 @@ def train(cfg: Config, run_dir: str | None = None, *, wrap_train_step=None, cont
         for t in threads:
             t.join(timeout=30)
         writer.close()
-    artifacts.save_params(run_dir, state.params)
-    summary.update({
-        "run_dir": run_dir,
-        "steps": weights.version,
-        "samples": loop.samples,
-        "wall_time": clock(),
-        "dropped_stale": loop.dropped_stale_total,
-        "final_eval": summary.get("last_eval") or evaluate(eval_engine, task, state.params, heldout),
-    })
+        checkpointer.close()
+    summary["ledger"] = ledger.verify(stream.position, stream.pending_reissue)
+    summary["wall_time"] = clock()
+    summary["checkpoint_blocked_seconds"] = checkpointer.blocked_seconds
+    if not preempted:
+        artifacts.save_params(run_dir, state.params)
+        summary["final_eval"] = summary.get("last_eval") or evaluate(engine, task, state.params, heldout)
     summary.pop("last_eval", None)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

@@ -18,6 +18,7 @@ import numpy as np
 
 from learner.batching import build_microbatches
 from protocols.admission import AdmissionGate
+from protocols.ledger import SampleLedger
 
 
 class PipelineStopped(RuntimeError):
@@ -61,7 +62,8 @@ class Controller(Protocol):
 class LearnerLoop:
     def __init__(self, train_step, transport, gate: AdmissionGate, weights, settings: LoopSettings,
                  health: Callable[[], None] | None = None, controller: Controller | None = None,
-                 on_concurrency: Callable[[int], None] | None = None):
+                 on_concurrency: Callable[[int], None] | None = None,
+                 ledger: SampleLedger | None = None):
         self.train_step = train_step
         self.transport = transport
         self.gate = gate
@@ -72,11 +74,13 @@ class LearnerLoop:
         self.dropped_stale_total = 0
         self.batch_size = settings.batch_size
         self.controller = controller
+        self.ledger = ledger or SampleLedger()
         self.enrich: Callable[[int, dict], None] = lambda step, metrics: None  # wiring adds measurements
         # group_filter(group) -> a drop reason (str) or None to keep; e.g. dynamic sampling drops
         # groups whose advantages are all zero. Dropped groups free their admission slots.
         self.group_filter: Callable[[Any], str | None] | None = None
         self.dropped: dict[str, int] = {}
+        self.stop_reason = ""  # "preempted" when a signal asked for a clean exit
         self.on_concurrency = on_concurrency or (lambda c: None)
 
     def set_batch_size(self, batch_size: int) -> None:
@@ -113,17 +117,21 @@ class LearnerLoop:
             if group is None:
                 continue
             if self.gate.is_too_stale(group.policy_version, step):
-                self.gate.drop(len(group.rewards))
+                reason = "stale"
                 dropped += 1
-                continue
-            reason = self.group_filter(group) if self.group_filter is not None else None
+            else:
+                reason = self.group_filter(group) if self.group_filter is not None else None
             if reason is not None:
                 self.gate.drop(len(group.rewards))
+                self.ledger.drop(group, reason)
                 self.dropped[reason] = self.dropped.get(reason, 0) + 1
                 continue
             groups.append(group)
             staleness.append(step - group.policy_version)
         wait = time.perf_counter() - t0
+        with self.ledger.lock:
+            for g in groups:
+                self.ledger.consume(g, step + 1)  # the update that produces version step + 1
         self.gate.take_batch(need * G)
         self.dropped_stale_total += dropped
         return Batch(groups, staleness, dropped, wait)
@@ -160,7 +168,12 @@ class LearnerLoop:
             stop: threading.Event | None = None, start_step: int = 0):
         """Train until num_steps updates are done (or on_step returns True). Returns the state."""
         for step in range(start_step, num_steps):
-            batch = self.collect(stop)
+            try:
+                batch = self.collect(stop)
+            except PipelineStopped:
+                if stop is not None and stop.is_set() and self.stop_reason == "preempted":
+                    break  # graceful: the caller checkpoints the last completed step
+                raise
             state, metrics = self.train_on(state, batch)
             version = step + 1
             self.weights.publish(state.params, version)

@@ -1,0 +1,121 @@
+"""Checkpoints with orbax: asynchronous saves, keep-last-K, restore that skips broken steps.
+
+A checkpoint is one orbax step directory holding two items:
+    state  params and optimizer state (incl. injected hyperparameters), arrays, StandardSave
+    meta   everything else as JSON: step, policy version, RNG seeds, prompt-stream position,
+           the sample ledger (with queued groups through the versioned codec), controller state,
+           metrics cursor, elapsed wall time and the config it ran with.
+orbax writes into a temporary directory and renames it when complete, so a process killed
+mid-save leaves no step that looks complete; `restore_latest` also falls back past a step whose
+files are corrupt, with a warning naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+import warnings
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 50  # save every this many updates (0 = off)
+    every_seconds: float = 0.0  # also save when this long has passed since the last save (0 = off)
+    keep: int = 3  # checkpoints kept (oldest deleted first)
+    async_save: bool = True  # write in the background; the loop blocks only to copy arrays
+    signal_timeout_seconds: float = 60.0  # after SIGTERM/SIGINT: final checkpoint and exit within this
+
+    def validate(self) -> None:
+        if self.every_steps < 0:
+            raise ValueError(f"every_steps: must be >= 0, got {self.every_steps}")
+        if self.every_seconds < 0:
+            raise ValueError(f"every_seconds: must be >= 0, got {self.every_seconds}")
+        if self.keep < 1:
+            raise ValueError(f"keep: must be >= 1, got {self.keep}")
+        if self.signal_timeout_seconds <= 0:
+            raise ValueError(f"signal_timeout_seconds: must be > 0, got {self.signal_timeout_seconds}")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message names the directory and step."""
+
+
+class Checkpointer:
+    def __init__(self, directory: str, cfg: CheckpointConfig):
+        self.directory = os.path.abspath(directory)
+        self.cfg = cfg
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            probe = os.path.join(self.directory, ".write-test")
+            with open(probe, "w") as f:
+                f.write("ok")
+            os.remove(probe)
+        except OSError as e:
+            raise CheckpointError(f"checkpoint directory {self.directory} is not writable: {e}") from None
+        options = ocp.CheckpointManagerOptions(max_to_keep=cfg.keep,
+                                               enable_async_checkpointing=cfg.async_save)
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        self._last_save_time = time.monotonic()
+        self.blocked_seconds = 0.0  # time the training loop spent inside save() calls
+
+    # -- saving -----------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        by_steps = self.cfg.every_steps and step % self.cfg.every_steps == 0
+        by_time = self.cfg.every_seconds and time.monotonic() - self._last_save_time >= self.cfg.every_seconds
+        return bool(by_steps or by_time)
+
+    def save(self, step: int, arrays: Any, meta: dict, *, wait: bool = False) -> None:
+        """Start saving step `step` (returns once arrays are copied when async). Raises
+        CheckpointError if this or the previous asynchronous save failed; earlier complete
+        checkpoints are untouched."""
+        t0 = time.perf_counter()
+        try:
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
+                                                            meta=ocp.args.JsonSave(meta)), force=True)
+            if wait:
+                self.manager.wait_until_finished()
+        except Exception as e:  # orbax surfaces OSError (disk full, permissions) wrapped or not
+            raise CheckpointError(f"could not write checkpoint step {step} to {self.directory}: "
+                                  f"{type(e).__name__}: {e}") from e
+        finally:
+            self.blocked_seconds += time.perf_counter() - t0
+        self._last_save_time = time.monotonic()
+
+    def wait(self) -> None:
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise CheckpointError(f"could not finish writing a checkpoint in {self.directory}: "
+                                  f"{type(e).__name__}: {e}") from e
+
+    def close(self) -> None:
+        try:
+            self.manager.close()
+        except Exception as e:  # noqa: BLE001 - reported, never hides an earlier error
+            log.warning("closing checkpoint manager: %s", e)
+
+    # -- restoring --------------------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        self.manager.reload()
+        return sorted(self.manager.all_steps())
+
+    def restore_latest(self, template: Any) -> tuple[int, Any, dict] | None:
+        """(step, arrays, meta) of the newest checkpoint that restores cleanly, or None if none.
+
+        A newer step that fails to restore is skipped with a warning naming its directory."""
+        for step in reversed(self.steps()):
+            try:
+                out = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()))
+                return step, out["state"], out["meta"]
+            except Exception as e:  # corrupt or partial: fall back to the previous one
+                path = os.path.join(self.directory, str(step))
+                warnings.warn(f"skipping checkpoint {path}: it does not restore ({type(e).__name__}: {e})",
+                              stacklevel=2)
+        return None
