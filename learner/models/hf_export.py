@@ -77,7 +77,7 @@ def export_checkpoint(cfg: ModelConfig, params: nnx.State, out_dir: str, *, sour
     for stale in os.listdir(out_dir):  # shards of an earlier export would confuse a glob-based loader
         if stale.startswith("model") and stale.endswith(".safetensors"):
             os.remove(os.path.join(out_dir, stale))
-    flat = {hf_name(p): (p, v.value) for p, v in nnx.to_flat_state(params)}
+    flat = {hf_name(p): (p, v.get_value()) for p, v in nnx.to_flat_state(params)}
     if cfg.tie_embeddings:
         flat.pop("lm_head.weight", None)
     names = sorted(flat, key=_hf_order)

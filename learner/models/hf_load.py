@@ -118,9 +118,9 @@ def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
         p, var = wanted[name]
         if is_kernel(p):
             array = array.T
-        if array.shape != tuple(var.value.shape):
+        if array.shape != tuple(var.get_value().shape):
             hf_shape = array.shape[::-1] if is_kernel(p) else array.shape
-            want = tuple(var.value.shape)[::-1] if is_kernel(p) else tuple(var.value.shape)
+            want = tuple(var.get_value().shape)[::-1] if is_kernel(p) else tuple(var.get_value().shape)
             raise ValueError(f"tensor {name!r} in {path!r} has shape {hf_shape}, the model expects {want}")
         # One host copy (transpose + cast together), then onto the device.
         host = np.ascontiguousarray(array, dtype=dtype)
