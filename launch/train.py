@@ -31,6 +31,7 @@ from launch.config import Config, seq_len as config_seq_len
 from launch.metrics import Clock, MetricsWriter, Progress
 from launch.policy import build_policy
 from learner.controller import make_controller
+from learner.dynamic_sampling import make_group_filter
 from learner.factory import make_train_step
 from learner.checkpoint import Checkpointer
 from learner.loop import LearnerLoop, LoopSettings, PipelineStopped
@@ -110,6 +111,11 @@ class Preemption:
         os._exit(1)
 
 
+def _arrays(state) -> dict:
+    """The array part of a learner state (GRPO: params, Adam; PPO adds critic and reference)."""
+    return {k: v for k, v in state._asdict().items() if k != "step" and v is not None}
+
+
 def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_train_step=None,
           controller=None) -> dict:
     """Run one training job; returns the summary also written to RUN_DIR/summary.json.
@@ -141,8 +147,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     G = cfg.learner.group_size
     checkpointer = Checkpointer(ckpt_dir, cfg.checkpoint)
 
-    restored = checkpointer.restore_latest({"params": state.params, "opt_state": state.opt_state}) \
-        if resuming else None
+    restored = checkpointer.restore_latest(_arrays(state)) if resuming else None
     if resuming and restored is None:
         raise ConfigError(f"run.resume: no checkpoint in {ckpt_dir} restores (see the warnings above)")
     if restored is not None:
@@ -152,7 +157,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
             raise run_state.RunFinished(
                 f"{run_dir} already finished at step {step0} (run.steps={cfg.run.steps}); "
                 "raise run.steps to train further, or start a new run.dir")
-        state = state._replace(params=arrays["params"], opt_state=arrays["opt_state"], step=step0)
+        state = state._replace(**arrays, step=step0)
         ledger = SampleLedger.from_state_dict(meta["ledger"])
         reissue = sorted(set(ledger.in_flight.values()) | set(meta["reissue"]))
         ledger.in_flight.clear()
@@ -210,6 +215,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
                                     tokenizer.pad_id, cfg.learner.grpo), health=health,
                        controller=controller,
                        on_concurrency=lambda c: [a.set_concurrency(c) for a in actors], ledger=ledger)
+    loop.group_filter = make_group_filter(cfg.learner)  # dynamic sampling (None when off)
     if restored is not None:
         loop.samples = meta["samples"]
         loop.dropped = dict(meta["dropped"])
@@ -253,8 +259,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         return json.loads(json.dumps(meta))
 
     def save(st, finished=False, wait=False):
-        checkpointer.save(st.step, {"params": st.params, "opt_state": st.opt_state},
-                          snapshot(st, finished), wait=wait)
+        checkpointer.save(st.step, _arrays(st), snapshot(st, finished), wait=wait)
 
     def on_step(step, st, m) -> bool:
         final = step == cfg.run.steps
