@@ -26,6 +26,7 @@ class RunConfig:
     steps: int = 200  # RL updates to run (after the supervised warm-up)
     eval_every: int = 10  # held-out greedy evaluation every this many updates (0 = only at the end)
     stop_at_exact_match: float = 0.0  # stop early once held-out exact match reaches this (0 = never)
+    max_samples: int = 0  # stop once updates have consumed this many samples (0 = no limit)
     progress: bool = True  # print a progress line per evaluation / every few steps
     resume: Literal["no", "auto", "yes"] = "no"  # continue from run.dir's newest checkpoint (auto: if any)
     log_every: int = 5  # progress line every this many updates
@@ -37,6 +38,8 @@ class RunConfig:
             raise ValueError(f"eval_every: must be >= 0, got {self.eval_every}")
         if not 0.0 <= self.stop_at_exact_match <= 1.0:
             raise ValueError(f"stop_at_exact_match: must be in [0, 1], got {self.stop_at_exact_match}")
+        if self.max_samples < 0:
+            raise ValueError(f"max_samples: must be >= 0, got {self.max_samples}")
         if self.log_every < 1:
             raise ValueError(f"log_every: must be >= 1, got {self.log_every}")
 

@@ -238,6 +238,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         m["actors/admission_wait_seconds"] = sum(a.stats.admission_wait_seconds for a in actors)
         m["actors/generate_seconds"] = sum(a.stats.generate_seconds for a in actors)
         m["actors/concurrency"] = actors[0].prompts_per_call
+        m["actors/samples"] = sum(a.stats.samples for a in actors)  # cumulative, all actors
         last.update(t=now, tokens=tokens)
 
     loop.enrich = enrich
@@ -275,6 +276,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         done = bool(em is not None and cfg.run.stop_at_exact_match and em >= cfg.run.stop_at_exact_match)
         if done:
             summary["target_reached_at"] = {"step": step, "samples": m["samples"], "wall_time": m["wall_time"]}
+        done = done or bool(cfg.run.max_samples and m["samples"] >= cfg.run.max_samples)
         if checkpointer.due(step) and not (done or final):
             save(st)
         return done
