@@ -5,14 +5,17 @@
 Reads config.json and the safetensors weights (one ``model.safetensors``, or shards listed by
 ``model.safetensors.index.json``) one tensor at a time: each is read, transposed if it is a linear
 kernel (HF stores [out, in], nnx.Linear [in, out]), cast to the param dtype and placed on the
-device before the next is read, so the host never holds more than one tensor beyond the params.
+device. Files are memory-mapped (zero-copy views), the transpose+cast copy runs on a few threads,
+and at most 2 x threads host copies are in flight, so the host never holds a second model copy.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import json
+import mmap
 import os
-from collections.abc import Iterator
 
 import jax
 import ml_dtypes
@@ -22,7 +25,7 @@ from safetensors import safe_open
 
 from learner.models import hf_config
 from learner.models.config import ModelConfig
-from learner.models.llama import Llama
+from learner.models.llama import abstract_params
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -72,15 +75,31 @@ def _ignorable(name: str, cfg: ModelConfig) -> bool:
     return name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")
 
 
-def _read_in_file_order(files: dict[str, str], names: list[str]) -> Iterator[tuple[str, np.ndarray]]:
-    """Yields (name, array) for the wanted names, opening each shard once."""
-    by_file: dict[str, list[str]] = {}
-    for name in names:
-        by_file.setdefault(files[name], []).append(name)
-    for file, in_file in by_file.items():
-        with safe_open(file, framework="np") as f:
-            for name in in_file:
-                yield name, f.get_tensor(name)
+_SAFETENSORS_DTYPES = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16),
+                       "F16": np.dtype(np.float16), "F64": np.dtype(np.float64)}
+
+
+def mmap_tensors(file: str) -> dict[str, np.ndarray]:
+    """Zero-copy read-only views of every tensor of a safetensors file (memory-mapped).
+
+    The format is an 8-byte little-endian header length, a JSON header of
+    {name: {dtype, shape, data_offsets}}, then the raw little-endian data.
+    """
+    with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays mapped while views live
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        if meta["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"tensor {name!r} in {file!r} has unsupported dtype {meta['dtype']}")
+        dtype = _SAFETENSORS_DTYPES[meta["dtype"]]
+        start, end = meta["data_offsets"]
+        count = (end - start) // dtype.itemsize
+        out[name] = np.frombuffer(buf, dtype, count, offset=8 + n + start).reshape(meta["shape"])
+    return out
 
 
 def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
@@ -98,8 +117,7 @@ def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
       ValueError: naming the tensor, if one the model needs is missing, has the wrong shape, or
         the checkpoint holds a tensor the model has no place for.
     """
-    cfg.validate()
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Llama(cfg, nnx.Rngs(0))))
+    graphdef, abstract = abstract_params(cfg)
     flat = list(nnx.to_flat_state(abstract))
     wanted = {hf_name(p): (p, v) for p, v in flat}
     files = weight_files(path)
@@ -113,18 +131,37 @@ def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
                          f"model has no parameter for" + (f" (and {len(unexpected) - 1} more)"
                                                            if len(unexpected) > 1 else ""))
     dtype = _NP_DTYPES[cfg.param_dtype]
+    views: dict[str, np.ndarray] = {}
+    for file in sorted(set(files[n] for n in wanted)):
+        views.update(mmap_tensors(file))
+    for name, (p, var) in wanted.items():
+        want = tuple(var.get_value().shape)
+        got = views[name].shape[::-1] if is_kernel(p) else views[name].shape
+        if tuple(got) != want:
+            hf_want = want[::-1] if is_kernel(p) else want
+            raise ValueError(f"tensor {name!r} in {path!r} has shape {tuple(views[name].shape)}, "
+                             f"the model expects {hf_want}")
+
+    def host_copy(name: str) -> np.ndarray:
+        # One host copy per tensor (transpose + cast fused); NumPy releases the GIL, so two
+        # threads use both cores. The device copy follows in the caller.
+        p, _ = wanted[name]
+        view = views[name].T if is_kernel(p) else views[name]
+        return np.ascontiguousarray(view, dtype=dtype)
+
     loaded = {}
-    for name, array in _read_in_file_order(files, list(wanted)):
-        p, var = wanted[name]
-        if is_kernel(p):
-            array = array.T
-        if array.shape != tuple(var.get_value().shape):
-            hf_shape = array.shape[::-1] if is_kernel(p) else array.shape
-            want = tuple(var.get_value().shape)[::-1] if is_kernel(p) else tuple(var.get_value().shape)
-            raise ValueError(f"tensor {name!r} in {path!r} has shape {hf_shape}, the model expects {want}")
-        # One host copy (transpose + cast together), then onto the device.
-        host = np.ascontiguousarray(array, dtype=dtype)
-        loaded[p] = var.replace(jax.device_put(host))
+    workers = min(4, os.cpu_count() or 1)
+    names = list(wanted)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = collections.deque()  # at most 2 * workers host copies in flight
+        for i, name in enumerate(names):
+            pending.append((name, pool.submit(host_copy, name)))
+            if len(pending) >= 2 * workers or i == len(names) - 1:
+                while pending and (len(pending) >= 2 * workers or i == len(names) - 1):
+                    done, future = pending.popleft()
+                    p, var = wanted[done]
+                    loaded[p] = var.replace(jax.device_put(future.result()))
+    views.clear()
     params = nnx.from_flat_state([(p, loaded[p]) for p, _ in flat])
     return graphdef, params
 
