@@ -108,18 +108,17 @@ def cmd_eval(args) -> int:
     from actors.engine import JaxEngine
     from actors.tasks.base import make_task
     from launch import artifacts
+    from launch.policy import build_policy
     from launch.train import evaluate
-    from learner.models.char_tokenizer import CharTokenizer
-    from learner.models.llama import init_params
 
-    graphdef, template = init_params(cfg.model, cfg.learner.seed)
+    policy = build_policy(cfg)  # the same model config and tokenizer the run trained with
     try:
-        params = artifacts.load_params(args.run_dir, template)
+        params = artifacts.load_params(args.run_dir, policy.params)
     except FileNotFoundError as e:
         return _fail(str(e), 1)
-    tok = CharTokenizer()
-    engine = JaxEngine(cfg.model, graphdef, cfg.engine, tok.eos_id, tok.pad_id)
-    task = make_task(cfg.task)
+    tok = policy.tokenizer
+    engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, tok.eos_id, tok.pad_id)
+    task = make_task(cfg.task, tok)
     result = {"run_dir": os.path.abspath(args.run_dir), "task": task.name,
               "heldout_size": len(task.heldout()), **evaluate(engine, task, params)}
     print(json.dumps(result))

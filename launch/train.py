@@ -29,7 +29,7 @@ from launch import artifacts, run_state
 from launch.config_loader import ConfigError, to_dict
 from launch.config import Config, seq_len as config_seq_len
 from launch.metrics import Clock, MetricsWriter, Progress
-from launch.policy import build_policy
+from launch.policy import build_policy, export_policy
 from learner.controller import make_controller
 from learner.dynamic_sampling import make_group_filter
 from learner.factory import make_train_step
@@ -138,7 +138,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     progress = Progress(cfg.run.progress)
     policy = build_policy(cfg)
     tokenizer, graphdef, params = policy.tokenizer, policy.graphdef, policy.params
-    task = make_task(cfg.task)
+    task = make_task(cfg.task, tokenizer)
     heldout = task.heldout()
     L = config_seq_len(cfg, task.max_prompt_len)
     logits_fn = functools.partial(forward, graphdef)
@@ -314,6 +314,9 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     summary["checkpoint_blocked_seconds"] = checkpointer.blocked_seconds
     if not preempted:
         artifacts.save_params(run_dir, state.params)
+        if cfg.model.path:  # a checkpoint came in: ship the trained weights in the same format
+            summary["hf_export"] = os.path.join(run_dir, "hf")
+            export_policy(policy, state.params, summary["hf_export"])
         summary["final_eval"] = summary.get("last_eval") or evaluate(engine, task, state.params, heldout)
     summary.pop("last_eval", None)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
