@@ -1,0 +1,106 @@
+"""Time-to-target: wall seconds and samples until held-out greedy exact match >= 0.5 on sort-6.
+
+Each run is a fresh `cadence train` process (compilation included, cold caches), stopped at the
+first evaluation that reaches the target. Setups, in one invocation:
+  default        the defaults (asynchronous, max_staleness=1)
+  default-sync   the same with actors.max_staleness=0 (synchronous, on-policy)
+  reference      benchmarks/configs/reference.yaml: the PyTorch GRPO trainer's setup
+                 (135k-param Llama, 30 warm-up steps, 16 prompts x 8, Adam 3e-4, no KL)
+Prints one JSON line per setup (median over seeds) and a final comparison line.
+
+    python benchmarks/time_to_target.py [--seeds 0 1 2] [--setups default default-sync reference]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TARGET = 0.5
+SETUPS = {
+    "default": [],
+    "default-sync": ["actors.max_staleness=0"],
+    "reference": ["--config", os.path.join(HERE, "configs", "reference.yaml")],
+}
+
+
+def run_once(setup: str, seed: int, max_steps: int, workdir: str) -> dict:
+    run_dir = os.path.join(workdir, f"{setup}-{seed}")
+    args = list(SETUPS[setup]) + [
+        f"run.dir={run_dir}", f"run.steps={max_steps}", f"run.stop_at_exact_match={TARGET}",
+        "run.progress=false", f"learner.seed={seed}", f"actors.seed={seed}", f"task.seed={seed}"]
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_ENABLE_COMPILATION_CACHE="false")
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", *args], capture_output=True,
+                         text=True, env=env, cwd=ROOT)
+    process_seconds = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise RuntimeError(f"{setup} seed {seed} failed:\n{out.stderr[-3000:]}")
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [r for r in rows if r["step"] > 0]
+    rl_start = rows[0]["wall_time"]
+    rl_wall = steps[-1]["wall_time"] - rl_start
+    wait = sum(r["learner/wait_seconds"] for r in steps)
+    gen = steps[-1]["actors/generate_seconds"]
+    adm = steps[-1]["actors/admission_wait_seconds"]
+    hit = summary["target_reached_at"]
+    return {
+        "seed": seed,
+        "reached": hit is not None,
+        "wall_seconds": hit["wall_time"] if hit else None,       # since train() started
+        "process_seconds": process_seconds if hit else None,      # incl. Python/JAX import
+        "samples": hit["samples"] if hit else None,
+        "steps": hit["step"] if hit else None,
+        "startup_seconds": rl_start,                              # build, warm-up, first eval
+        "samples_per_second": steps[-1]["samples"] / max(rl_wall, 1e-9),
+        "learner_idle_fraction": wait / max(rl_wall, 1e-9),      # learner blocked on samples
+        "actor_busy_fraction": gen / max(rl_wall, 1e-9),          # actor inside engine calls
+        "actor_admission_wait_fraction": adm / max(rl_wall, 1e-9),  # actor blocked by the bound
+        "final_exact_match": summary["final_eval"]["eval/exact_match"],
+    }
+
+
+def median(runs, key):
+    vals = [r[key] for r in runs if r[key] is not None]
+    return statistics.median(vals) if vals else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    p.add_argument("--max-steps", type=int, default=1500)
+    a = p.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as work:
+        for setup in a.setups:
+            runs = [run_once(setup, s, a.max_steps, work) for s in a.seeds]
+            line = {"bench": "time_to_target", "setup": setup, "target_exact_match": TARGET,
+                    "seeds": a.seeds, "reached": sum(r["reached"] for r in runs)}
+            for key in ("wall_seconds", "process_seconds", "samples", "steps", "startup_seconds",
+                        "samples_per_second", "learner_idle_fraction", "actor_busy_fraction",
+                        "actor_admission_wait_fraction"):
+                line[key] = median(runs, key)
+            line["runs"] = runs
+            results[setup] = line
+            print(json.dumps(line), flush=True)
+    if "default" in results and "default-sync" in results:
+        d, s = results["default"], results["default-sync"]
+        ratio = (d["wall_seconds"] / s["wall_seconds"]) if d["wall_seconds"] and s["wall_seconds"] else None
+        print(json.dumps({"bench": "async_vs_sync", "async_wall_seconds": d["wall_seconds"],
+                          "sync_wall_seconds": s["wall_seconds"], "time_ratio": ratio,
+                          "async_samples_per_second": d["samples_per_second"],
+                          "sync_samples_per_second": s["samples_per_second"],
+                          "throughput_ratio": d["samples_per_second"] / s["samples_per_second"]}))
+
+
+if __name__ == "__main__":
+    main()
