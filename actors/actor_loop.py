@@ -2,9 +2,12 @@
 
     actor = Actor(...)
     thread = threading.Thread(target=actor.run, args=(stop_event,))
-    # each round: gate.admit -> weights.latest -> engine.generate -> task.reward -> transport.put
+    # each round: gate.admit -> weights.latest -> [engine.sync_weights] -> engine.generate
+    #             -> task.reward -> transport.put
 
-Every group carries the policy version whose weights produced it. An actor starts a group only
+Every group carries the policy version whose weights produced it. An engine that serves weights
+of its own (SGLang) has a ``sync_weights(params, version, min_version=)`` hook, called before each
+generation, and reports per-row ``policy_versions``: the group carries the oldest. An actor starts a group only
 when the admission gate says it will not be too stale by the time the learner consumes it.
 """
 from __future__ import annotations
@@ -78,6 +81,11 @@ class Actor:
         """Generate and score one engine call's worth of groups."""
         G = self.group_size
         params, version = self.weights.latest()  # >= the admitted version: only fresher
+        sync = getattr(self.engine, "sync_weights", None)
+        if sync is not None:  # a server engine holds its own weights: bring them within the bound
+            # The oldest version the learner will still accept for the last sample admitted so far.
+            oldest = self.gate.consuming_step(0) - self.gate.max_staleness
+            sync(params, version, min_version=min(oldest, version))
         queued_at = time.time()
         # The key is a function of the prompts, not of how many calls came before, so a prompt
         # re-issued after a resume is sampled exactly as it would have been.
@@ -87,6 +95,10 @@ class Actor:
         result = self.engine.generate(params, rows, key)
         finished_at = time.time()
         seconds = finished_at - started_at
+        # Server engines report the version each row actually came from; a group is as old as its
+        # oldest row.
+        row_versions = getattr(result, "policy_versions", None)
+        engine_name = getattr(self.engine, "name", "jax")
         groups = []
         for i, prompt in enumerate(prompts):
             completions, logprobs, rewards, exact = [], [], [], []
@@ -101,11 +113,12 @@ class Actor:
             groups.append(RolloutGroup(
                 prompt_id=prompt.prompt_id, task=self.task.name, prompt_tokens=list(prompt.tokens),
                 completion_tokens=completions, behavior_logprobs=logprobs, rewards=rewards,
-                exact_match=exact, policy_version=version, actor_id=self.actor_id,
+                exact_match=exact, actor_id=self.actor_id,
+                policy_version=version if row_versions is None else int(min(row_versions[i * G:(i + 1) * G])),
                 timings=EngineTimings(queued_at=queued_at, started_at=started_at,
                                       finished_at=finished_at,
                                       generate_seconds=seconds * tokens / max(int(result.lengths.sum()), 1),
-                                      num_tokens=tokens, engine="jax")))
+                                      num_tokens=tokens, engine=engine_name)))
         self.stats.calls += 1
         self.stats.generate_seconds += seconds
         self.stats.tokens += int(result.lengths.sum())

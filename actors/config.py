@@ -2,17 +2,71 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Literal
 
 
 @dataclasses.dataclass(frozen=True)
+class SGLangConfig:
+    """SGLang servers: attached by URL, or launched and owned by Cadence (see actors/sglang/)."""
+
+    urls: tuple[str, ...] = ()  # servers to attach to, e.g. ("http://10.0.0.5:30000",); empty = launch our own
+    num_servers: int = 1  # servers to launch when urls is empty
+    launch_python: str = ""  # python of the venv with sglang / sglang-jax ("" = $CADENCE_SGLANG_PYTHON)
+    launch_module: str = "sgl_jax.launch_server"  # sglang-jax; main SGLang is "sglang.launch_server"
+    launch_args: tuple[str, ...] = (  # arguments after --model-path/--host/--port (default: sglang-jax on CPU)
+        "--device", "cpu", "--attention-backend", "native", "--dtype", "float32", "--grammar-backend", "none",
+        "--max-total-tokens", "4096", "--max-running-requests", "16", "--precompile-token-paddings", "64", "128",
+        "--precompile-bs-paddings", "1", "4", "8", "16")
+    launch_env: tuple[str, ...] = ("JAX_PLATFORMS=cpu",)  # KEY=VALUE pairs added to the server's environment
+    host: str = "127.0.0.1"  # interface launched servers listen on
+    port: int = 0  # first port of launched servers (server i uses port + i); 0 = free ports
+    work_dir: str = ""  # exported checkpoints and server logs ("" = RUN_DIR/sglang)
+    startup_timeout_s: float = 600.0  # a launched server must answer /health_generate within this
+    request_timeout_s: float = 120.0  # per /generate request (then the server counts as unavailable)
+    retries: int = 3  # re-issues of one request after misaligned, malformed or HTTP-error responses
+    backoff_s: float = 0.2  # first retry delay; doubles with each failure
+    concurrency: int = 16  # requests in flight per server
+    heartbeat_s: float = 5.0  # /health_generate (and process liveness) check interval
+    sync: Literal["restart", "disk", "distributed"] = "restart"  # weight sync: restart on a new checkpoint (sglang-jax), /update_weights_from_disk (SGLang), NCCL (not built)
+    sync_every: int = 0  # also sync once servers lag this many versions (0 = only when the staleness bound needs it)
+
+    def validate(self) -> None:
+        for name in ("num_servers", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("retries", "sync_every", "port"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("startup_timeout_s", "request_timeout_s", "heartbeat_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.backoff_s < 0:
+            raise ValueError(f"backoff_s: must be >= 0, got {self.backoff_s}")
+        if any(not u.startswith(("http://", "https://")) for u in self.urls):
+            raise ValueError(f"urls: each must start with http:// or https://, got {self.urls}")
+        if any("=" not in e for e in self.launch_env):
+            raise ValueError(f"launch_env: entries must be KEY=VALUE, got {self.launch_env}")
+        if self.sync == "distributed":
+            raise ValueError("sync: 'distributed' (NCCL weight broadcast) is not built yet; use 'disk' or 'restart'")
+        if self.sync == "restart" and self.urls:
+            raise ValueError("sync: 'restart' needs servers Cadence launches (empty urls); attached servers "
+                             "need 'disk'")
+
+    def resolved_python(self) -> str:
+        """launch_python, or $CADENCE_SGLANG_PYTHON when it is empty ("" if neither is set)."""
+        return self.launch_python or os.environ.get("CADENCE_SGLANG_PYTHON", "")
+
+
+@dataclasses.dataclass(frozen=True)
 class ActorsConfig:
-    engine: Literal["jax"] = "jax"  # generation engine: the built-in JAX sampler
+    engine: Literal["jax", "sglang"] = "jax"  # generation engine: the built-in JAX sampler or SGLang servers
     num_actors: int = 1  # actor threads, each with its own engine call in flight
     prompts_per_call: int = 16  # prompts per engine call (x group_size completions): the concurrency
     max_staleness: int = 1  # policy versions a sample may lag the step that trains on it; 0 = synchronous
     queue_size: int = 0  # bound on groups waiting for the learner (0 = no bound; admission bounds it anyway)
     seed: int = 0  # sampling RNG seed (actor i uses seed + i)
+    sglang: SGLangConfig = dataclasses.field(default_factory=SGLangConfig)  # used when engine=sglang
 
     def validate(self) -> None:
         if self.num_actors < 1:
@@ -23,3 +77,6 @@ class ActorsConfig:
             raise ValueError(f"max_staleness: must be >= 0, got {self.max_staleness}")
         if self.queue_size < 0:
             raise ValueError(f"queue_size: must be >= 0, got {self.queue_size}")
+        if self.engine == "sglang" and not self.sglang.urls and not self.sglang.resolved_python():
+            raise ValueError("sglang.launch_python: set it (or $CADENCE_SGLANG_PYTHON) to the python of "
+                             "the SGLang venv, or attach running servers with sglang.urls")

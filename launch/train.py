@@ -116,6 +116,18 @@ def _arrays(state) -> dict:
     return {k: v for k, v in state._asdict().items() if k != "step" and v is not None}
 
 
+def _sglang_engine(cfg: Config, policy, run_dir: str):
+    """SGLang servers for the actors (held-out eval keeps the JaxEngine on the learner's params)."""
+    from actors.sglang.checkpoint import export_for_server
+    from actors.sglang.engine import SGLangEngine
+
+    sg = cfg.actors.sglang
+    return SGLangEngine(sg, max_new_tokens=cfg.engine.max_new_tokens, eos_id=policy.tokenizer.eos_id,
+                        pad_id=policy.tokenizer.pad_id, temperature=cfg.engine.temperature,
+                        top_p=cfg.engine.top_p, work_dir=sg.work_dir or os.path.join(run_dir, "sglang"),
+                        export_fn=lambda params, d: export_for_server(policy.model_cfg, params, d))
+
+
 def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_train_step=None,
           controller=None) -> dict:
     """Run one training job; returns the summary also written to RUN_DIR/summary.json.
@@ -198,7 +210,8 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     transport = InProcessTransport(maxsize=cfg.actors.queue_size)
     for group in ledger.queued.values():  # buffered trajectories, in their original order
         transport.put(group)
-    actors = [Actor(f"actor-{i}", engine, task, stream, gate, weights, transport, G, cfg.actors.prompts_per_call,
+    actor_engine = engine if cfg.actors.engine == "jax" else _sglang_engine(cfg, policy, run_dir)
+    actors = [Actor(f"actor-{i}", actor_engine, task, stream, gate, weights, transport, G, cfg.actors.prompts_per_call,
                     cfg.actors.seed + i, ledger=ledger)
               for i in range(cfg.actors.num_actors)]
 
@@ -309,6 +322,8 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
             t.join(timeout=30)
         writer.close()
         checkpointer.close()
+        if actor_engine is not engine:
+            actor_engine.close()  # stops the servers it launched
     summary["ledger"] = ledger.verify(stream.position, stream.pending_reissue)
     summary["wall_time"] = clock()
     summary["checkpoint_blocked_seconds"] = checkpointer.blocked_seconds

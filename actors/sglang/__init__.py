@@ -1,0 +1,1 @@
+"""SGLang generation servers behind Cadence's engine interface (see engine.SGLangEngine)."""

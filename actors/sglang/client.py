@@ -1,0 +1,120 @@
+"""Async HTTP client for one SGLang (or sglang-jax) server: the endpoints RL needs.
+
+    client = SGLangClient("http://127.0.0.1:30000", timeout_s=60, concurrency=16)
+    body = await client.generate({"input_ids": [1, 5], "sampling_params": {...}, "return_logprob": True})
+
+Errors are split by what the caller should do: ServerUnavailable (cannot connect, connection
+dropped, timed out: take the server out of rotation, re-issue elsewhere), ServerHTTPError (the
+server answered with an error status), MalformedResponse (not JSON: re-issue). Call from one event
+loop; the session is created lazily inside it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+from actors.sglang.alignment import MalformedResponse
+
+
+class ServerUnavailable(ConnectionError):
+    """No answer: refused, reset, or past the timeout."""
+
+
+class ServerHTTPError(RuntimeError):
+    """The server answered with an HTTP error status."""
+
+    def __init__(self, url: str, status: int, text: str):
+        super().__init__(f"{url}: HTTP {status}: {text[:300]}")
+        self.status = status
+
+
+class SGLangClient:
+    """One server's endpoints; ``concurrency`` bounds the open connections (requests in flight)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 120.0, concurrency: int = 16):
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.concurrency, force_close=False),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(self, method: str, path: str, payload: Any = None, timeout_s: float | None = None) -> Any:
+        """Sends one request; returns the decoded JSON body (or the text when it is not JSON)."""
+        url = self.base_url + path
+        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s is not None else None
+        try:
+            async with self._get_session().request(method, url, json=payload, timeout=timeout) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    raise ServerHTTPError(url, resp.status, text)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as e:
+            raise ServerUnavailable(f"{url}: {type(e).__name__}: {e}") from e
+        try:
+            return json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return text
+
+    async def generate(self, payload: dict) -> dict:
+        """POST /generate (non-streaming); raises MalformedResponse when the body is not a JSON object."""
+        body = await self.request("POST", "/generate", payload)
+        if not isinstance(body, dict):
+            raise MalformedResponse(f"/generate returned {type(body).__name__}, not a JSON object: "
+                                    f"{str(body)[:200]}")
+        return body
+
+    async def health_generate(self, timeout_s: float = 30.0) -> bool:
+        """GET /health_generate (the server runs one tiny generation): True when it answers 200."""
+        try:
+            await self.request("GET", "/health_generate", timeout_s=timeout_s)
+            return True
+        except (ServerUnavailable, ServerHTTPError):
+            return False
+
+    async def health(self, timeout_s: float = 5.0) -> bool:
+        """GET /health: True when the HTTP server is up (the model may still be warming)."""
+        try:
+            await self.request("GET", "/health", timeout_s=timeout_s)
+            return True
+        except (ServerUnavailable, ServerHTTPError):
+            return False
+
+    async def abort(self, rid: str | None = None) -> None:
+        """POST /abort_request for one request id, or for all requests when rid is None."""
+        payload = {"rid": rid} if rid is not None else {"rid": "", "abort_all": True}
+        await self.request("POST", "/abort_request", payload)
+
+    async def pause_generation(self, mode: str = "in_place") -> Any:
+        """POST /pause_generation; mode "abort", "retract" or "in_place"."""
+        return await self.request("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> Any:
+        return await self.request("POST", "/continue_generation", {})
+
+    async def flush_cache(self) -> Any:
+        return await self.request("POST", "/flush_cache")
+
+    async def update_weights_from_disk(self, model_path: str, version: int) -> dict:
+        """POST /update_weights_from_disk (main sglang; sglang-jax 0.1.0rc0 answers 404).
+
+        Raises ServerHTTPError on an error status, RuntimeError when the server reports failure.
+        """
+        body = await self.request("POST", "/update_weights_from_disk",
+                                  {"model_path": model_path, "weight_version": str(version),
+                                   "flush_cache": True, "abort_all_requests": False})
+        if not isinstance(body, dict) or not body.get("success", False):
+            raise RuntimeError(f"{self.base_url}/update_weights_from_disk failed: {body}")
+        return body
