@@ -286,6 +286,8 @@ class SGLangEngine:
             payload = {"input_ids": prompt, "sampling_params": sampling, "return_logprob": True,
                        "logprob_start_len": -1, "rid": rid}
             async with self._sems[i]:
+                if self._abort_epoch != epoch:
+                    raise GenerationAborted("generation aborted")
                 if not server.ready:  # left the rotation while we waited for a slot
                     continue
                 version = server.version
@@ -293,10 +295,10 @@ class SGLangEngine:
                 self.stats.requests += 1
                 try:
                     body = await server.client.generate(payload)
+                    if self._abort_epoch != epoch:  # finished or cut short: the caller gave up on it
+                        raise GenerationAborted("generation aborted")
                     completion = parse_completion(body, self.max_new_tokens)
                     if completion.finish_reason == "abort":
-                        if self._abort_epoch != epoch:
-                            raise GenerationAborted("generation aborted")
                         raise ServerUnavailable(f"{server.client.base_url}: request {rid} aborted by the server")
                     return completion, version
                 except ServerUnavailable:
