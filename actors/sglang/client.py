@@ -56,13 +56,19 @@ class SGLangClient:
         """Sends one request; returns the decoded JSON body (or the text when it is not JSON)."""
         url = self.base_url + path
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s is not None else None
-        try:
-            async with self._get_session().request(method, url, json=payload, timeout=timeout) as resp:
-                text = await resp.text()
-                if resp.status >= 400:
-                    raise ServerHTTPError(url, resp.status, text)
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as e:
-            raise ServerUnavailable(f"{url}: {type(e).__name__}: {e}") from e
+        for attempt in range(2):
+            try:
+                async with self._get_session().request(method, url, json=payload, timeout=timeout) as resp:
+                    text = await resp.text()
+                    if resp.status >= 400:
+                        raise ServerHTTPError(url, resp.status, text)
+                break
+            except aiohttp.ServerDisconnectedError as e:
+                # A pooled keep-alive connection the server already closed: one fresh try.
+                if attempt == 1:
+                    raise ServerUnavailable(f"{url}: {type(e).__name__}: {e}") from e
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as e:
+                raise ServerUnavailable(f"{url}: {type(e).__name__}: {e}") from e
         try:
             return json.loads(text) if text else None
         except json.JSONDecodeError:

@@ -223,6 +223,9 @@ class SGLangEngine:
 
     async def _recover(self, server: _Server) -> None:
         try:
+            if server.process.alive() and await server.client.health_generate(timeout_s=self.cfg.request_timeout_s):
+                server.ready = True  # a dropped connection, not a dead server
+                return
             while True:
                 model_dir, version = self.model_dir, self.model_version
                 try:
