@@ -250,7 +250,9 @@ class SGLangEngine:
                     self._mark_down(server)
                     continue
                 if server.ready and server.in_flight == 0:
-                    ok = await server.client.health_generate(timeout_s=self.cfg.request_timeout_s)
+                    # GET /health, not /health_generate: sglang-jax 0.1.0rc0's scheduler crashed when
+                    # its generation shared a decode batch with return_logprob requests.
+                    ok = await server.client.health(timeout_s=self.cfg.request_timeout_s)
                     server.failed_heartbeats = 0 if ok else server.failed_heartbeats + 1
                     if server.failed_heartbeats >= 3:
                         self._mark_down(server)
