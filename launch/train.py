@@ -241,6 +241,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         progress.message(f"before RL: held-out exact match {record0['eval/exact_match']:.3f}")
 
     last = {"t": clock(), "tokens": 0}
+    samples_before = 0 if restored is None else G * (len(ledger.consumed) + len(ledger.queued) + len(ledger.dropped))
 
     def enrich(step, m) -> None:
         """Generation-side measurements, added before the controller sees the step."""
@@ -251,7 +252,8 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         m["actors/admission_wait_seconds"] = sum(a.stats.admission_wait_seconds for a in actors)
         m["actors/generate_seconds"] = sum(a.stats.generate_seconds for a in actors)
         m["actors/concurrency"] = actors[0].prompts_per_call
-        m["actors/samples"] = sum(a.stats.samples for a in actors)  # cumulative, all actors
+        # cumulative over the run's life (a resumed run starts from what its checkpoint had produced)
+        m["actors/samples"] = samples_before + sum(a.stats.samples for a in actors)
         last.update(t=now, tokens=tokens)
 
     loop.enrich = enrich

@@ -11,6 +11,7 @@ files are corrupt, with a warning naming it.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -28,7 +29,7 @@ class CheckpointConfig:
     every_steps: int = 50  # save every this many updates (0 = off)
     every_seconds: float = 0.0  # also save when this long has passed since the last save (0 = off)
     keep: int = 3  # checkpoints kept (oldest deleted first)
-    async_save: bool = True  # write in the background; the loop blocks only to copy arrays
+    async_save: bool = True  # write in a background thread; the loop does not wait for the disk
     signal_timeout_seconds: float = 60.0  # after SIGTERM/SIGINT: final checkpoint and exit within this
 
     def validate(self) -> None:
@@ -58,9 +59,15 @@ class Checkpointer:
             os.remove(probe)
         except OSError as e:
             raise CheckpointError(f"checkpoint directory {self.directory} is not writable: {e}") from None
-        options = ocp.CheckpointManagerOptions(max_to_keep=cfg.keep,
-                                               enable_async_checkpointing=cfg.async_save)
+        # JAX arrays are immutable and the train step does not donate them, so a background thread
+        # can write the very arrays of step N while step N+1 computes new ones: no copy, no stall.
+        # (orbax's own async mode first copies every array to host memory on the calling thread:
+        # 0.1 s for a 25M-parameter model and Adam here, 14% of a step.)
+        options = ocp.CheckpointManagerOptions(max_to_keep=cfg.keep, enable_async_checkpointing=False)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint") \
+            if cfg.async_save else None
+        self._pending: concurrent.futures.Future | None = None
         self._last_save_time = time.monotonic()
         self.blocked_seconds = 0.0  # time the training loop spent inside save() calls
 
@@ -76,25 +83,36 @@ class Checkpointer:
         checkpoints are untouched."""
         t0 = time.perf_counter()
         try:
-            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
-                                                            meta=ocp.args.JsonSave(meta)), force=True)
-            if wait:
-                self.manager.wait_until_finished()
-        except Exception as e:  # orbax surfaces OSError (disk full, permissions) wrapped or not
-            raise CheckpointError(f"could not write checkpoint step {step} to {self.directory}: "
-                                  f"{type(e).__name__}: {e}") from e
+            self.wait()  # one save at a time; raises if the previous background save failed
+            if self._writer is None or wait:
+                self._write(step, arrays, meta)
+            else:
+                self._pending = self._writer.submit(self._write, step, arrays, meta)
         finally:
             self.blocked_seconds += time.perf_counter() - t0
         self._last_save_time = time.monotonic()
 
-    def wait(self) -> None:
+    def _write(self, step: int, arrays: Any, meta: dict) -> None:
         try:
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
+                                                            meta=ocp.args.JsonSave(meta)), force=True)
             self.manager.wait_until_finished()
-        except Exception as e:
-            raise CheckpointError(f"could not finish writing a checkpoint in {self.directory}: "
+        except Exception as e:  # orbax surfaces OSError (disk full, permissions) wrapped or not
+            raise CheckpointError(f"could not write checkpoint step {step} to {self.directory}: "
                                   f"{type(e).__name__}: {e}") from e
 
+    def wait(self) -> None:
+        """Block until the background save (if any) is on disk; re-raise its CheckpointError."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
     def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
         try:
             self.manager.close()
         except Exception as e:  # noqa: BLE001 - reported, never hides an earlier error
@@ -102,6 +120,7 @@ class Checkpointer:
 
     # -- restoring --------------------------------------------------------------------------------
     def steps(self) -> list[int]:
+        self.wait()
         self.manager.reload()
         return sorted(self.manager.all_steps())
 
