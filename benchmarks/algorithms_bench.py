@@ -4,8 +4,8 @@ Each run is a fresh `cadence train` process stopped at the first evaluation with
 exact match >= 0.5 (or at --max-steps). Two tables, in one invocation:
 
   algorithms   GRPO, Dr.GRPO, DAPO, PPO (presets of docs/algorithms.md) at the default staleness
-  staleness    actors.max_staleness in 0 1 2 4 8, with the decoupled correction and without it
-               (grpo.correction=none): time-to-target and final training reward
+  staleness    actors.max_staleness in 0 1 2 4 8, with the coupled (default) and decoupled
+               corrections and without one (grpo.correction=none): time-to-target and final training reward
 
 Prints one JSON line per run and a markdown table per part (paste into README).
 
@@ -34,7 +34,8 @@ ALGORITHMS = {
     "PPO": ["learner.algorithm=ppo"],
 }
 STALENESS = (0, 1, 2, 4, 8)
-CORRECTIONS = {"decoupled": ["learner.grpo.correction=decoupled"],
+CORRECTIONS = {"coupled": ["learner.grpo.correction=coupled"],  # the default
+               "decoupled": ["learner.grpo.correction=decoupled"],
                "uncorrected": ["learner.grpo.correction=none"]}
 
 
