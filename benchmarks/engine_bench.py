@@ -16,15 +16,15 @@ import argparse
 import functools
 import json
 import pathlib
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench_timing import median_seconds  # noqa: E402  (benchmarks/ is the script's own dir)
 
 from actors.engine import EngineConfig, JaxEngine  # noqa: E402
 from learner.models import llama  # noqa: E402
@@ -49,18 +49,6 @@ def bare_loop(graphdef, cfg: ModelConfig, params, tokens, rng):
         return cache, tok, out.at[:, i].set(tok)
 
     return jax.lax.fori_loop(1, NEW_TOKENS, body, (cache, tok, out))[2]
-
-
-def median_seconds(call, repeats: int, inner: int) -> float:
-    """Median over `repeats` of the mean time of `inner` back-to-back calls (after one warm-up)."""
-    call()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(inner):
-            call()
-        samples.append((time.perf_counter() - start) / inner)
-    return statistics.median(samples)
 
 
 def main() -> None:

@@ -27,6 +27,8 @@ import optax
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bench_timing import median_seconds  # noqa: E402  (benchmarks/ is the script's own dir)
+
 from learner.batching import build_microbatches  # noqa: E402
 from learner.config import LearnerConfig  # noqa: E402
 from learner.models import llama  # noqa: E402
@@ -60,19 +62,6 @@ def make_groups(vocab: int, seed: int = 0) -> list[Group]:
         behav = [[float(-rng.exponential()) for _ in c] for c in comps]
         groups.append(Group(f"p{i}", "bench", prompt, comps, behav, [float(rng.random() < 0.5) for _ in comps], 0))
     return groups
-
-
-def median_seconds(call, repeats: int, inner: int) -> float:
-    """Median over `repeats` of the mean time of `inner` back-to-back calls (after warm-up)."""
-    call()
-    call()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(inner):
-            call()
-        samples.append((time.perf_counter() - start) / inner)
-    return statistics.median(samples)
 
 
 def main() -> None:
@@ -121,8 +110,8 @@ def main() -> None:
     # Interleave the two so a noisy neighbour hits both alike; keep the median of each.
     ours_s, bare_s = [], []
     for _ in range(3):
-        ours_s.append(median_seconds(ours, max(1, args.repeats // 3), args.inner))
-        bare_s.append(median_seconds(bare, max(1, args.repeats // 3), args.inner))
+        ours_s.append(median_seconds(ours, max(1, args.repeats // 3), args.inner, warmup=2))
+        bare_s.append(median_seconds(bare, max(1, args.repeats // 3), args.inner, warmup=2))
     ours_t, bare_t = statistics.median(ours_s), statistics.median(bare_s)
     tokens = BATCH * SEQ_LEN
     print(json.dumps({
