@@ -232,7 +232,6 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     if restored is not None:
         loop.samples = meta["samples"]
         loop.dropped = dict(meta["dropped"])
-        loop.dropped_stale_total = meta["dropped"].get("stale", 0)
     writer = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"))
     if restored is None:
         record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics,

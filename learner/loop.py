@@ -71,7 +71,6 @@ class LearnerLoop:
         self.settings = settings
         self.health = health or (lambda: None)
         self.samples = 0  # samples consumed by updates so far
-        self.dropped_stale_total = 0
         self.batch_size = settings.batch_size
         self.controller = controller
         self.ledger = ledger or SampleLedger()
@@ -133,7 +132,6 @@ class LearnerLoop:
             for g in groups:
                 self.ledger.consume(g, step + 1)  # the update that produces version step + 1
         self.gate.take_batch(need * G)
-        self.dropped_stale_total += dropped
         return Batch(groups, staleness, dropped, wait)
 
     def train_on(self, state, batch: Batch):
