@@ -139,7 +139,7 @@ class RMSNorm(nnx.Module):
     """RMSNorm with an HF-named ``weight`` parameter."""
 
     def __init__(self, dim: int, eps: float, param_dtype: jnp.dtype):
-        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.weight = nnx.Param(_ONES_INIT(None, (dim,), param_dtype))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -163,6 +163,7 @@ def _init(initializer):
 _KERNEL_INIT = _init(nnx.initializers.lecun_normal())  # nnx.Linear's defaults
 _BIAS_INIT = _init(nnx.initializers.zeros_init())
 _EMBED_INIT = _init(nnx.initializers.normal(stddev=0.02))  # HF initializer_range
+_ONES_INIT = _init(nnx.initializers.ones_init())
 
 
 def _linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, use_bias: bool = False) -> nnx.Linear:
@@ -319,8 +320,8 @@ class _NoRngs:
 
 
 def abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
-    """(graphdef, params) whose linear/embedding leaves are jax.ShapeDtypeStruct (norm weights are
-    real ones): the skeleton a checkpoint loader fills, built without tracing."""
+    """(graphdef, params) whose leaves are all jax.ShapeDtypeStruct: the skeleton a checkpoint
+    loader fills, built without tracing or running a single JAX op."""
     cfg.validate()
     token = _SHAPES_ONLY.set(True)
     try:

@@ -186,3 +186,24 @@ def test_export_loads_in_transformers_with_same_logits(tmp_path, cfg):
                                                  jax.numpy.ones((2, 20), bool)))
     ours = np.asarray(forward(params, tokens))
     assert np.abs(ours - ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (300, 64), (64, 2048 + 1), (128, 512)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_transpose_into_equals_numpy_transpose(shape, dtype):
+    # Shapes cover a partial last row block (300 rows, 128 per block), power-of-two strides and
+    # a single block; the cast is the same as NumPy's astype.
+    matrix = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    out = hf_load.aligned_empty(shape[::-1], hf_load._NP_DTYPES[dtype])
+    hf_load.transpose_into(out, matrix)
+    want = matrix.T.astype(hf_load._NP_DTYPES[dtype])
+    assert out.shape == want.shape and out.dtype == want.dtype and out.flags.c_contiguous
+    assert out.tobytes() == want.tobytes()
+
+
+def test_aligned_empty_is_aligned_and_device_put_keeps_its_values():
+    for shape in [(3,), (7, 5), (1000, 33)]:
+        out = hf_load.aligned_empty(shape, np.float32)
+        assert out.shape == shape and out.ctypes.data % 64 == 0 and out.flags.c_contiguous
+        out[...] = np.arange(out.size, dtype=np.float32).reshape(shape)
+        np.testing.assert_array_equal(np.asarray(jax.device_put(out)), out)
