@@ -9,6 +9,7 @@ instead.
 
 from __future__ import annotations
 
+import logging
 import re
 
 import math_verify
@@ -16,6 +17,15 @@ import math_verify
 # Long runs of model text are where parsing gets slow; the final answer sits at the end.
 MAX_COMPLETION_CHARS = 4000
 _GSM8K_MARK = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
+
+
+def _drop_timeout_notice(record: logging.LogRecord) -> bool:
+    # math-verify warns on every first call that its timeout is off; that is deliberate here.
+    return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_drop_timeout_notice)
 
 
 def reference_answer(answer_text: str) -> str:
