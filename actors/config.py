@@ -5,6 +5,8 @@ import dataclasses
 import os
 from typing import Literal
 
+from actors.sglang.server import CPU_ARGS
+
 
 @dataclasses.dataclass(frozen=True)
 class SGLangConfig:
@@ -14,10 +16,7 @@ class SGLangConfig:
     num_servers: int = 1  # servers to launch when urls is empty
     launch_python: str = ""  # python of the venv with sglang / sglang-jax ("" = $CADENCE_SGLANG_PYTHON)
     launch_module: str = "sgl_jax.launch_server"  # sglang-jax; main SGLang is "sglang.launch_server"
-    launch_args: tuple[str, ...] = (  # arguments after --model-path/--host/--port (default: sglang-jax on CPU)
-        "--device", "cpu", "--attention-backend", "native", "--dtype", "float32", "--grammar-backend", "none",
-        "--max-total-tokens", "4096", "--max-running-requests", "16", "--precompile-token-paddings", "64", "128",
-        "--precompile-bs-paddings", "1", "4", "8", "16")
+    launch_args: tuple[str, ...] = CPU_ARGS  # arguments after --model-path/--host/--port (default: sglang-jax on CPU, see actors/sglang/server.py)
     launch_env: tuple[str, ...] = ("JAX_PLATFORMS=cpu",)  # KEY=VALUE pairs added to the server's environment
     host: str = "127.0.0.1"  # interface launched servers listen on
     port: int = 0  # first port of launched servers (server i uses port + i); 0 = free ports

@@ -31,6 +31,21 @@ class ServerHTTPError(RuntimeError):
         self.status = status
 
 
+def completion_request(input_ids: list[int], sampling_params: dict, rid: str | None = None) -> dict:
+    """The /generate payload for one completion with its behavior logprobs (what the engine sends).
+
+    logprob_start_len -1 asks for output logprobs only. sglang-jax 0.1.0rc0 then repeats them in
+    completions longer than 50 tokens (parse_completion undoes that, checking it); its other path
+    (logprob_start_len = the prompt's last position) returned the right count but wrong values at
+    the first and last positions (measured: 0.1-0.5 off Cadence's model), so it is not used.
+    """
+    payload = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True,
+               "logprob_start_len": -1}
+    if rid is not None:
+        payload["rid"] = rid
+    return payload
+
+
 class SGLangClient:
     """One server's endpoints; ``concurrency`` bounds the open connections (requests in flight)."""
 

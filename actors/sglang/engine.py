@@ -37,7 +37,7 @@ import numpy as np
 
 from actors.config import SGLangConfig
 from actors.sglang.alignment import Completion, MalformedResponse, MisalignedResponse, parse_completion
-from actors.sglang.client import ServerHTTPError, ServerUnavailable, SGLangClient
+from actors.sglang.client import ServerHTTPError, ServerUnavailable, SGLangClient, completion_request
 from actors.sglang.server import ServerProcess
 
 
@@ -288,8 +288,7 @@ class SGLangEngine:
             i = await self._pick()
             server = self.servers[i]
             rid = f"cadence-{uuid.uuid4().hex[:8]}-{next(self._rids)}"
-            payload = {"input_ids": prompt, "sampling_params": sampling, "return_logprob": True,
-                       "logprob_start_len": -1, "rid": rid}
+            payload = completion_request(prompt, sampling, rid)
             async with self._sems[i]:
                 if self._abort_epoch != epoch:
                     raise GenerationAborted("generation aborted")

@@ -18,9 +18,15 @@ import urllib.error
 import urllib.request
 
 # What runs sglang-jax 0.1.0rc0 on a CPU (see BUILD.md): its native attention, fp32, small paddings.
+# --skip-tokenizer-init: Cadence sends and reads token ids only, and with a tokenizer sglang-jax's
+# output_ids come from its incremental detokenizer, which drops ids (measured: 46 of 49).
+# --disable-overlap-schedule: with the overlap scheduler, groups of identical prompts sent at once
+# came back with wrong logprobs at scattered positions (measured: 223 of 288 rows had some logprob
+# 0.02-0.5 off Cadence's model on the same tokens; without it 0 of 288).
 CPU_ARGS = ("--device", "cpu", "--attention-backend", "native", "--dtype", "float32",
             "--grammar-backend", "none", "--max-total-tokens", "4096", "--max-running-requests", "16",
-            "--precompile-token-paddings", "64", "128", "--precompile-bs-paddings", "1", "4", "8", "16")
+            "--precompile-token-paddings", "64", "128", "--precompile-bs-paddings", "1", "4", "8", "16",
+            "--skip-tokenizer-init", "--disable-overlap-schedule")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

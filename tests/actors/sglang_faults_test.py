@@ -10,6 +10,7 @@ import asyncio
 import json
 import threading
 
+import numpy as np
 import pytest
 from aiohttp import web
 
@@ -50,11 +51,55 @@ def test_parse_completion_accepts_aligned_and_rejects_each_misalignment():
             parse_completion(bad, 4)
 
 
+def repeated(ids, lps, interval=50):
+    """What sglang-jax 0.1.0rc0 sends for output-only logprobs: every partial output repeats all so far."""
+    b = body(ids, lps)
+    entries = b["meta_info"]["output_token_logprobs"]
+    b["meta_info"]["output_token_logprobs"] = [
+        list(e) for k in range(interval, len(ids), interval) for e in entries[:k]] + entries  # copies
+    return b
+
+
+def test_parse_completion_undoes_only_the_exact_repeated_prefixes_bug():
+    rng = np.random.default_rng(0)
+    for n in (51, 100, 120, 150):
+        ids = rng.integers(4, 60, size=n).tolist()
+        lps = (-rng.random(n) * 5).tolist()
+        b = repeated(ids, lps)
+        assert len(b["meta_info"]["output_token_logprobs"]) == n + sum(range(50, n, 50))
+        ok = parse_completion(b, n)
+        assert ok.tokens == ids and ok.logprobs == lps
+    ids, lps = list(range(4, 124)), [-1.0 - i / 1000 for i in range(120)]
+    assert len(parse_completion(repeated(ids, lps), 120).tokens) == 120
+    broken = []
+    b = repeated(ids, lps)
+    b["meta_info"]["output_token_logprobs"][7][0] = -9.0  # a repeated prefix that disagrees
+    broken.append(b)
+    b = repeated(ids, lps)
+    b["meta_info"]["output_token_logprobs"][-110][1] = 99  # the final list disagrees with the prefixes
+    broken.append(b)
+    b = repeated(ids, lps)
+    del b["meta_info"]["output_token_logprobs"][120]  # a prefix with a gap
+    broken.append(b)
+    b = body(ids, lps)
+    entries = b["meta_info"]["output_token_logprobs"]
+    b["meta_info"]["output_token_logprobs"] = entries[:100] + entries[:50] + entries  # shrinking prefixes
+    broken.append(b)
+    broken.append({**b, "meta_info": {**b["meta_info"], "output_token_logprobs": entries + entries}})  # a whole copy
+    broken.append({**b, "meta_info": {**b["meta_info"], "output_token_logprobs": entries[1:50] + entries}})  # not a prefix
+    # Any prefix lengths are accepted (the interval is sglang-jax's, not part of the check).
+    assert parse_completion({**b, "meta_info": {**b["meta_info"], "output_token_logprobs": entries[:5] + entries}},
+                            120).tokens == ids
+    for b in broken:
+        with pytest.raises(MisalignedResponse, match="logprobs for 120 completion tokens"):
+            parse_completion(b, 120)
+
+
 class FakeServer:
     """Answers /generate from a script of responses (then repeats the last one)."""
 
     def __init__(self, script):
-        self.script, self.calls, self.updates = list(script), 0, []
+        self.script, self.calls, self.updates, self.payloads = list(script), 0, [], []
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         app = web.Application()
@@ -72,7 +117,7 @@ class FakeServer:
         return f"http://127.0.0.1:{self.port}"
 
     async def generate(self, request):
-        await request.json()
+        self.payloads.append(await request.json())
         reply = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1
         text = reply if isinstance(reply, str) else json.dumps(reply)
@@ -124,6 +169,11 @@ def test_misaligned_and_malformed_responses_are_counted_and_reissued(fake, tmp_p
         assert result.logprobs[0, :3].tolist() == pytest.approx([-0.1, -0.2, -0.3])
         assert result.policy_versions.tolist() == [3]
         assert (eng.stats.misaligned, eng.stats.malformed, eng.stats.reissued, server.calls) == (1, 1, 2, 3)
+        # Every try resends the same prompt asking for output logprobs only (-1: sglang-jax's other
+        # path returned wrong values; see client.completion_request), each under a fresh request id.
+        assert [(p["input_ids"], p["logprob_start_len"], p["return_logprob"]) for p in server.payloads] == \
+            [([1, 5], -1, True)] * 3
+        assert len({p["rid"] for p in server.payloads}) == 3
     finally:
         eng.close()
 
