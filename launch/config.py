@@ -94,6 +94,9 @@ class Config:
                 "the sampler drew from")
         if self.learner.batch_size % self.learner.group_size:
             raise ConfigError("learner.batch_size: must be a multiple of learner.group_size")
+        if self.learner.minibatches > 1 and self.controller.enabled:
+            # The noise-scale estimate reads one accumulated gradient per batch.
+            raise ConfigError("learner.minibatches: the batch-size controller needs 1 update per batch")
 
 
 def load_config(files=(), overrides=()) -> Config:

@@ -172,6 +172,9 @@ class LearnerConfig:
     batch_size: int = 128  # Samples per update (prompts x group_size).
     microbatch_size: int = 32  # Samples per jitted gradient accumulation step.
     group_size: int = 8  # Completions per prompt (G).
+    # Optimizer updates per batch (PPO-style minibatches over its microbatches; >1 makes the
+    # decoupled correction's clip bind: its proximal policy is the learner at the batch's start).
+    minibatches: int = 1
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)  # Adam(W).
     grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)  # The policy objective.
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)  # Critic side (algorithm=ppo).
@@ -197,6 +200,11 @@ class LearnerConfig:
                 f"batch_size: must be a multiple of group_size ({self.group_size}), "
                 f"got {self.batch_size}"
             )
+        if not 1 <= self.minibatches <= self.batch_size // self.microbatch_size:
+            raise ValueError(f"minibatches: must be in [1, batch_size / microbatch_size = "
+                             f"{self.batch_size // self.microbatch_size}], got {self.minibatches}")
+        if self.minibatches > 1 and self.algorithm == "ppo":
+            raise ValueError("minibatches: several updates per batch are built for grpo only, not ppo yet")
         for key in ("optimizer", "grpo", "ppo", "sft"):
             try:
                 getattr(self, key).validate()

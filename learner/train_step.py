@@ -1,12 +1,14 @@
-"""The jitted GRPO-family train step: gradient accumulation over fixed-shape microbatches, one Adam update.
+"""The jitted GRPO-family train step: gradient accumulation over fixed-shape microbatches, Adam updates.
 
-Host loop per update (TrainStep.update):
-  grads = zeros(params)
-  for mb in microbatches:  grads, stats = accumulate(params, grads, pack(mb), num_tokens)  # donated
-  params, opt_state, grad_norm = apply(params, opt_state, grads)                     # grads donated
+Host loop per batch (TrainStep.update), with learner.minibatches = k (default 1):
+  [decoupled, k > 1: proximal = logprobs of every microbatch under the params at the batch's start]
+  for minibatch in split(microbatches, k):           # k optimizer updates per batch
+    grads = zeros(params)
+    for mb in minibatch:  grads, stats = accumulate(params, grads, pack(mb), num_tokens)  # donated
+    params, opt_state, grad_norm = apply(params, opt_state, grads)                  # grads donated
 
-The loss of each microbatch is normalized by the GLOBAL completion-token count of the batch, so the
-accumulated gradient is exactly the full-batch gradient. Shapes are fixed by microbatch_size and
+The loss of each microbatch is normalized by the completion-token count of its whole minibatch, so
+the accumulated gradient is exactly the minibatch gradient (the full-batch one when k = 1). Shapes are fixed by microbatch_size and
 seq_len and num_tokens is a traced scalar, so a new number of microbatches (a new batch size) or new
 hyperparameters (arrays in opt_state) never recompile; `cache_sizes()` lets tests assert that.
 """
@@ -35,7 +37,7 @@ class LearnerState(NamedTuple):
 
     params: Any  # model parameters (any pytree, e.g. an nnx.State)
     opt_state: Any  # optax state of make_optimizer (hyperparameters inside)
-    step: int  # host int: optimizer updates applied so far
+    step: int  # host int: batches trained so far (the policy version; k optimizer updates each)
 
 
 def count_sequences(microbatches: Sequence[Microbatch]) -> int:
@@ -68,6 +70,7 @@ class TrainStep:
         self._metric_keys: tuple[str, ...] | None = None
 
         self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params))
+        self._proximal = jax.jit(self._proximal_impl)
         self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(1,))
         # The new params reuse either the old params' buffers or the gradient's (same shapes);
         # donating both would leave one set unusable.
@@ -75,21 +78,29 @@ class TrainStep:
 
     # ---- pure functions (traced) ----
 
-    def loss_fn(self, params, mb: Microbatch, num_tokens, num_sequences=None) -> tuple[jax.Array, dict]:
+    def loss_fn(self, params, mb: Microbatch, num_tokens, num_sequences=None,
+                proximal_logprobs=None) -> tuple[jax.Array, dict]:
         """GRPO loss of one microbatch normalized by the global token (and sequence) counts;
-        (loss, metrics). num_sequences defaults to the microbatch's own rows with tokens."""
+        (loss, metrics). num_sequences defaults to the microbatch's own rows with tokens;
+        proximal_logprobs [M, T] to the current policy's (stop-gradient) log-probs."""
         grpo = self.cfg.grpo
         logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
         logprobs, entropy = token_logprobs_and_entropy(logits, mb.tokens, grpo.temperature)
         return grpo_token_loss(
             logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
-            entropy=entropy, num_sequences=num_sequences,
+            entropy=entropy, proximal_logprobs=proximal_logprobs, num_sequences=num_sequences,
         )
 
-    def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences):
+    def _proximal_impl(self, params, packed):
+        mb = unpack_microbatch(packed)
+        logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
+        logprobs, _ = token_logprobs_and_entropy(logits, mb.tokens, self.cfg.grpo.temperature)
+        return logprobs  # [M, T]
+
+    def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None):
         mb = unpack_microbatch(packed)  # [M, 5T + 1] int32 -> Microbatch
         (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
-            params, mb, num_tokens, num_sequences
+            params, mb, num_tokens, num_sequences, proximal
         )
         grads = jax.tree.map(jnp.add, grads, mb_grads)
         # One small vector per microbatch: the metrics (additive) and this microbatch's grad-norm^2,
@@ -110,9 +121,15 @@ class TrainStep:
         return LearnerState(params=params, opt_state=self.optimizer.init(params), step=0)
 
     def accumulate_gradients(
-        self, params, microbatches: Sequence[Microbatch], num_tokens: int
+        self, params, microbatches: Sequence[Microbatch], num_tokens: int, proximal=None,
     ) -> tuple[Any, list[jax.Array]]:
         """The full-batch gradient, summed over microbatches (asynchronous device values).
+
+        Args:
+          params: the params to differentiate at.
+          microbatches: host microbatches (one shape).
+          num_tokens: completion tokens of all of them (the loss normalizer).
+          proximal: optional per-microbatch [M, T] proximal log-probs (device arrays).
 
         Returns:
           (grads like params, per-microbatch stats: one [K + 1] float32 vector each, the
@@ -129,10 +146,16 @@ class TrainStep:
         s = jnp.asarray(max(count_sequences(microbatches), 1), jnp.float32)
         grads = self._zeros(params)
         per_mb = []
-        for mb in packed:
-            grads, stats = self._accumulate(params, grads, mb, n, s)
+        for i, mb in enumerate(packed):
+            extra = () if proximal is None else (proximal[i],)
+            grads, stats = self._accumulate(params, grads, mb, n, s, *extra)
             per_mb.append(stats)
         return grads, per_mb
+
+    def proximal_logprobs(self, params, microbatches: Sequence[Microbatch]) -> list[jax.Array]:
+        """[M, T] log-probs of each microbatch's tokens under params (device arrays)."""
+        packed = jax.device_put([pack_microbatch(mb) for mb in microbatches])
+        return [self._proximal(params, mb) for mb in packed]
 
     @property
     def metric_keys(self) -> tuple[str, ...]:
@@ -142,7 +165,7 @@ class TrainStep:
     def update(
         self, state: LearnerState, microbatches: Sequence[Microbatch], num_tokens: int
     ) -> tuple[LearnerState, dict]:
-        """One optimizer step on the whole batch given as fixed-shape microbatches.
+        """Train on one batch: learner.minibatches optimizer steps (default 1) over its microbatches.
 
         Args:
           state: the current LearnerState.
@@ -156,10 +179,39 @@ class TrainStep:
           multiply by (num_tokens / microbatch_tokens[i])^2 for the norm of that microbatch's own
           mean gradient), microbatch_tokens (list), clip_frac, ratio_mean, is_weight_mean,
           is_truncated_frac, entropy, logprob_diff_abs, mismatch_kl, ess, learning_rate, b1, b2,
-          eps (as used by this step), tokens, num_microbatches, step (after the update).
+          eps (as used by this step), tokens, num_microbatches, step (after the update). With
+          several minibatches the loss metrics and grad norms are means over them (the first
+          minibatch's are the on-policy ones) and optimizer_updates says how many ran.
         """
+        chunks = [list(c) for c in np.array_split(np.arange(len(microbatches)), self.cfg.minibatches) if len(c)]
+        if len(chunks) == 1:
+            state, metrics = self._update_minibatch(state, microbatches, num_tokens)
+            return state._replace(step=state.step + 1), {**metrics, "step": state.step + 1}
+        proximal = None
+        if self.cfg.grpo.correction == "decoupled":  # the trust region is around the batch's start
+            proximal = self.proximal_logprobs(state.params, microbatches)
+        per_update = []
+        for chunk in chunks:
+            mbs = [microbatches[i] for i in chunk]
+            tokens = int(sum(np.asarray(mb.loss_mask).sum() for mb in mbs))
+            state, m = self._update_minibatch(state, mbs, tokens,
+                                              None if proximal is None else [proximal[i] for i in chunk])
+            per_update.append(m)
+        metrics = {k: (float(np.mean([m[k] for m in per_update])) if isinstance(v, float) else v)
+                   for k, v in per_update[-1].items()}
+        metrics.update(
+            microbatch_grad_norm_sq=[x for m in per_update for x in m["microbatch_grad_norm_sq"]],
+            microbatch_tokens=[x for m in per_update for x in m["microbatch_tokens"]],
+            tokens=int(num_tokens), num_microbatches=len(microbatches),
+            optimizer_updates=len(per_update), step=state.step + 1,
+        )
+        metrics.update({k: per_update[-1][k] for k in ("learning_rate", "b1", "b2", "eps") if k in per_update[-1]})
+        return state._replace(step=state.step + 1), metrics
+
+    def _update_minibatch(self, state: LearnerState, microbatches, num_tokens: int, proximal=None):
+        """One optimizer step on the given microbatches; (state with step unchanged, metrics)."""
         params = state.params
-        grads, per_mb = self.accumulate_gradients(params, microbatches, num_tokens)
+        grads, per_mb = self.accumulate_gradients(params, microbatches, num_tokens, proximal)
         new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
         hyper = optim.hyperparam_arrays(opt_state)
 
@@ -174,10 +226,9 @@ class TrainStep:
             microbatch_tokens=[float(np.asarray(mb.loss_mask).sum()) for mb in microbatches],
             tokens=int(num_tokens),
             num_microbatches=len(microbatches),
-            step=state.step + 1,
         )
         metrics.update({k: float(v) for k, v in hyper.items()})
-        return LearnerState(new_params, opt_state, state.step + 1), metrics
+        return LearnerState(new_params, opt_state, state.step), metrics
 
     def set_hyperparams(self, state: LearnerState, **values: float) -> LearnerState:
         """State with new optimizer hyperparameters (lr/learning_rate, b1, b2, eps); no recompile."""

@@ -47,6 +47,12 @@ def test_bad_input_names_the_key(override, named):
         load_config(overrides=[override])
 
 
+def test_minibatches_with_the_controller_names_the_key():
+    load_config(overrides=["learner.minibatches=2"])  # fine alone
+    with pytest.raises(ConfigError, match=r"learner\.minibatches: the batch-size controller"):
+        load_config(overrides=["learner.minibatches=2", "controller.enabled=true"])
+
+
 def test_unknown_key_suggests_the_near_one():
     with pytest.raises(ConfigError, match=r"did you mean learner\.optimizer\.lr"):
         load_config(overrides=["learner.optimizer.lrr=1"])

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from learner.batching import build_microbatches
@@ -190,6 +191,8 @@ def test_updates_make_the_rewarded_completion_more_likely():
     (dict(grpo=GRPOConfig(temperature=0.0)), "^grpo.temperature:"),
     (dict(optimizer=OptimizerConfig(lr=-1.0)), "^optimizer.lr:"),
     (dict(sft=SFTConfig(batch_size=0)), "^sft.batch_size:"),
+    (dict(minibatches=5), r"^minibatches: must be in \[1, batch_size / microbatch_size = 4\]"),
+    (dict(minibatches=2, algorithm="ppo"), "^minibatches: .* not ppo yet"),
 ])
 def test_learner_config_validation_names_the_key(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -250,3 +253,61 @@ def test_donate_state_reuses_the_old_buffers():
         state, metrics = step.update(state, mbs, stats["num_tokens"])
     assert params["head"].is_deleted() and not state.params["head"].is_deleted()
     assert np.isfinite(metrics["loss"]) and step.cache_sizes()["apply"] == 1
+
+
+def _mb_logprobs(step, params, mb):
+    return np.asarray(step.proximal_logprobs(params, [mb])[0], np.float64)  # [M, T]
+
+
+def test_minibatches_are_sequential_updates_on_the_parts():
+    # coupled: k = 2 updates per batch equal two one-update batches on the halves, bitwise.
+    groups = make_groups(4, seed=3)  # 16 samples: 4 microbatches of 4
+    mbs, stats = build_microbatches(groups, T, 4, PAD, GRPOConfig())
+    two = TrainStep(logits_fn, dataclasses.replace(_cfg(correction="coupled"), minibatches=2))
+    one = TrainStep(logits_fn, _cfg(correction="coupled"))
+    params = init_params()
+    s2, m2 = two.update(two.init(params), mbs, stats["num_tokens"])
+    tokens = [int(sum(mb.loss_mask.sum() for mb in part)) for part in (mbs[:2], mbs[2:])]
+    s1, ma = one.update(one.init(params), mbs[:2], tokens[0])
+    s1, mb = one.update(s1, mbs[2:], tokens[1])
+    for k in params:
+        assert np.asarray(s2.params[k]).tobytes() == np.asarray(s1.params[k]).tobytes(), k
+    assert s2.step == 1 and m2["step"] == 1 and m2["optimizer_updates"] == 2  # one policy version
+    counts = [int(x.count) for x in jax.tree.leaves(s2.opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+              if isinstance(x, optax.ScaleByAdamState)]
+    assert counts == [2]  # Adam took two steps
+    np.testing.assert_allclose(m2["pg_loss"], (ma["pg_loss"] + mb["pg_loss"]) / 2, rtol=1e-6)
+    assert m2["microbatch_tokens"] == ma["microbatch_tokens"] + mb["microbatch_tokens"]
+
+
+def test_decoupled_minibatches_clip_around_the_policy_at_the_batch_start():
+    # The second update's ratio is pi_theta1 / pi_theta0 (theta0: the batch's start), so with a
+    # large step its clip binds; NumPy reference of both updates' surrogate loss.
+    cfg = dataclasses.replace(_cfg(correction="decoupled", clip_low=0.05, clip_high=0.05, is_cap=2.0),
+                              optimizer=OptimizerConfig(lr=0.3), minibatches=2)
+    groups = make_groups(4, seed=4)
+    mbs, stats = build_microbatches(groups, T, 8, PAD, cfg.grpo)  # 2 microbatches: one per update
+    step = TrainStep(logits_fn, cfg)
+    p0 = init_params()
+    state, metrics = step.update(step.init(p0), mbs, stats["num_tokens"])
+    # theta1: one update on the first half (its proximal is theta0 = the current params).
+    ref = TrainStep(logits_fn, dataclasses.replace(cfg, minibatches=1))
+    p1 = ref.update(ref.init(p0), mbs[:1], int(mbs[0].loss_mask.sum()))[0].params
+
+    def surrogate(mb, lp_theta, lp_prox):
+        m = np.asarray(mb.loss_mask, np.float64)
+        behav = np.asarray(mb.behavior_logprobs, np.float64)
+        adv = np.asarray(mb.advantages, np.float64)[:, None]
+        r = np.exp(lp_theta - lp_prox)
+        w = np.minimum(np.exp(lp_prox - behav), cfg.grpo.is_cap)
+        obj = np.minimum(r * adv, np.clip(r, 1 - 0.05, 1 + 0.05) * adv)
+        clipped = (r * adv > np.clip(r, 1 - 0.05, 1 + 0.05) * adv) & (m > 0)
+        return -(w * obj * m).sum() / m.sum(), clipped.sum() / m.sum()
+
+    lp0_a = _mb_logprobs(step, p0, mbs[0])
+    loss_a, clip_a = surrogate(mbs[0], lp0_a, lp0_a)
+    loss_b, clip_b = surrogate(mbs[1], _mb_logprobs(step, p1, mbs[1]), _mb_logprobs(step, p0, mbs[1]))
+    assert clip_a == 0 and clip_b > 0  # the trust region binds only on the second update
+    np.testing.assert_allclose(metrics["pg_loss"], (loss_a + loss_b) / 2, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(metrics["clip_frac"], (clip_a + clip_b) / 2, atol=1e-6)
+    assert metrics["optimizer_updates"] == 2 and state.step == 1
