@@ -4,8 +4,9 @@ Each run is a fresh `cadence train` process stopped at the first evaluation with
 exact match >= 0.5 (or at --max-steps). Two tables, in one invocation:
 
   algorithms   GRPO, Dr.GRPO, DAPO, PPO (presets of docs/algorithms.md) at the default staleness
-  staleness    actors.max_staleness in 0 1 2 4 8, with the coupled (default) and decoupled
-               corrections and without one (grpo.correction=none): time-to-target and final training reward
+  staleness    actors.max_staleness in 0 1 2 4 8, with the coupled (default), decoupled (1 and 4 updates per batch)
+               corrections and without one (grpo.correction=none): time-to-target, and peak vs final
+               training reward (a collapse shows as a final well below the peak)
 
 Prints one JSON line per run and a markdown table per part (paste into README).
 
@@ -36,6 +37,8 @@ ALGORITHMS = {
 STALENESS = (0, 1, 2, 4, 8)
 CORRECTIONS = {"coupled": ["learner.grpo.correction=coupled"],  # the default
                "decoupled": ["learner.grpo.correction=decoupled"],
+               # 4 updates per batch: the proximal policy (batch start) differs from the updated one
+               "decoupled-4mb": ["learner.grpo.correction=decoupled", "learner.minibatches=4"],
                "uncorrected": ["learner.grpo.correction=none"]}
 
 
@@ -60,6 +63,9 @@ def run_once(name: str, overrides: list[str], seed: int, max_steps: int, workdir
         "samples": hit["samples"] if hit else None,
         "steps": len(steps),
         "final_reward": statistics.mean(r["reward/mean"] for r in tail),
+        # best 10-update mean: a run that collapsed shows peak_reward well above final_reward
+        "peak_reward": max(statistics.mean(r["reward/mean"] for r in steps[i:i + 10])
+                           for i in range(max(1, len(steps) - 9))),
         "final_exact_match": summary["final_eval"]["eval/exact_match"],
         "ess_min": min(r.get("ess", 1.0) for r in steps),
         "mismatch_kl_max": max(r.get("mismatch_kl", 0.0) for r in steps),
@@ -77,6 +83,7 @@ def summarize(name: str, runs: list[dict]) -> dict:
             "wall_seconds": _median([r["wall_seconds"] for r in runs]),
             "samples": _median([r["samples"] for r in runs]),
             "final_reward": _median([r["final_reward"] for r in runs]),
+            "peak_reward": _median([r["peak_reward"] for r in runs]),
             "final_exact_match": _median([r["final_exact_match"] for r in runs])}
 
 
@@ -85,7 +92,7 @@ def _fmt(v):
 
 
 def table(rows: list[dict]) -> str:
-    keys = ["setup", "reached", "wall_seconds", "samples", "final_reward", "final_exact_match"]
+    keys = ["setup", "reached", "wall_seconds", "samples", "peak_reward", "final_reward", "final_exact_match"]
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(_fmt(r[k]) for k in keys) + " |" for r in rows]
     return "\n".join(lines)
@@ -98,13 +105,14 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--max-steps", type=int, default=400)
     ap.add_argument("--staleness", nargs="+", type=int, default=list(STALENESS))
+    ap.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=list(CORRECTIONS))
     args = ap.parse_args()
     setups: list[tuple[str, str, list[str]]] = []
     if "algorithms" in args.part:
         setups += [("algorithms", name, ov) for name, ov in ALGORITHMS.items()]
     if "staleness" in args.part:
         setups += [("staleness", f"{corr} s={s}", ov + [f"actors.max_staleness={s}"])
-                   for s in args.staleness for corr, ov in CORRECTIONS.items()]
+                   for s in args.staleness for corr, ov in CORRECTIONS.items() if corr in args.corrections]
     summaries: dict[str, list[dict]] = {}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir:
