@@ -11,7 +11,6 @@ import os
 
 from launch.config import Config
 from launch.experiments import common
-from launch.train import train
 
 QUICK = dict(batch_sizes=(32, 64), scalings=("sqrt", "none", "linear"), seeds=(0,), max_samples=1024,
              eval_samples=128, target="auto", metric="eval/reward", overrides=("learner.sft.steps=10",
@@ -34,7 +33,7 @@ def run_grid(base: Config, out: str, batch_sizes, scalings, seeds, max_samples, 
                                                 max_samples=max_samples, eval_samples=eval_samples,
                                                 run_dir=run_dir, stop_at=stop_at,
                                                 smallest_batch_size=min(batch_sizes))
-                summary = train(cfg, run_dir, controller=common.observer(cfg))
+                summary = common.train_or_reuse(cfg, run_dir, common.observer(cfg), log=log)
                 rec = common.run_record(cfg, run_dir, metric, batch_size=b, scaling=scaling, seed=seed,
                                         summary_wall=summary["wall_time"])
                 log(f"  B={b:<4} {scaling:<6} seed {seed}: final {metric} {rec['curve'][-1][2]:.3f} "

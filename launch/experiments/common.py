@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 from typing import Any
 
 import numpy as np
+import yaml
 
+from launch import config_loader
 from launch.config import Config
 from launch.metrics import read_metrics
 from learner.controller import BatchSizeController, scaled_optimizer
@@ -39,6 +42,27 @@ def fixed_batch_config(base: Config, batch_size: int, scaling: str, seed: int, *
     return dataclasses.replace(base, learner=learner, run=run,
                                task=dataclasses.replace(base.task, seed=seed),
                                actors=dataclasses.replace(base.actors, seed=seed))
+
+
+def train_or_reuse(cfg: Config, run_dir: str, controller, log=print) -> dict:
+    """train(cfg, run_dir) unless run_dir already holds a finished run of the same config (its
+    summary.json): an interrupted experiment, rerun into the same folder, redoes only what did
+    not finish. An unfinished run's folder is cleared and trained again."""
+    from launch.train import train
+
+    summary_path = os.path.join(run_dir, "summary.json")
+    config_path = os.path.join(run_dir, "config.yaml")
+    if os.path.isfile(summary_path) and os.path.isfile(config_path):
+        with open(config_path) as f:
+            same = yaml.safe_load(f) == yaml.safe_load(yaml.safe_dump(config_loader.to_dict(cfg), sort_keys=False))
+        if same:
+            log(f"  reusing the finished run {run_dir}")
+            with open(summary_path) as f:
+                return json.load(f)
+        raise FileExistsError(f"{run_dir} holds a finished run of another config; choose another --out")
+    if os.path.exists(run_dir):
+        shutil.rmtree(run_dir)
+    return train(cfg, run_dir, controller=controller)
 
 
 def observer(cfg: Config) -> BatchSizeController:

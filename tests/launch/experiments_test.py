@@ -81,3 +81,24 @@ def test_batch_invariance_quick_end_to_end(tmp_path, capsys):
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
     report = (out / "report.md").read_text()
     assert "Batch invariance" in report and "curves.png" in report and "| sqrt |" in report
+
+
+def test_train_or_reuse_reuses_only_a_finished_run_of_the_same_config(tmp_path):
+    from launch.config import load_config
+
+    run_dir = str(tmp_path / "run")
+    cfg = load_config(overrides=["run.steps=1", "run.eval_every=0", "learner.sft.steps=0", "task.heldout_size=8",
+                                 "run.progress=false", f"run.dir={run_dir}"])
+    first = common.train_or_reuse(cfg, run_dir, None, log=lambda *_: None)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    stamp = os.stat(metrics).st_mtime_ns
+    again = common.train_or_reuse(cfg, run_dir, None, log=lambda *_: None)
+    assert again == json.load(open(os.path.join(run_dir, "summary.json"))) and again["steps"] == first["steps"]
+    assert os.stat(metrics).st_mtime_ns == stamp  # not trained again
+    other = load_config(overrides=["run.steps=2", "run.eval_every=0", "learner.sft.steps=0", "task.heldout_size=8",
+                                   "run.progress=false", f"run.dir={run_dir}"])
+    with pytest.raises(FileExistsError, match="another config"):
+        common.train_or_reuse(other, run_dir, None)
+    os.remove(os.path.join(run_dir, "summary.json"))  # as if interrupted before it finished
+    redone = common.train_or_reuse(cfg, run_dir, None, log=lambda *_: None)
+    assert redone["steps"] == 1 and os.path.isfile(os.path.join(run_dir, "summary.json"))
