@@ -54,7 +54,11 @@ def train_or_reuse(cfg: Config, run_dir: str, controller, log=print) -> dict:
     config_path = os.path.join(run_dir, "config.yaml")
     if os.path.isfile(summary_path) and os.path.isfile(config_path):
         with open(config_path) as f:
-            same = yaml.safe_load(f) == yaml.safe_load(yaml.safe_dump(config_loader.to_dict(cfg), sort_keys=False))
+            saved = yaml.safe_load(f)
+        wanted = yaml.safe_load(yaml.safe_dump(config_loader.to_dict(cfg), sort_keys=False))
+        for c in (saved, wanted):
+            c.get("run", {}).pop("dir", None)  # the folder may have been moved or copied
+        same = saved == wanted
         if same:
             log(f"  reusing the finished run {run_dir}")
             with open(summary_path) as f:

@@ -95,6 +95,12 @@ def test_train_or_reuse_reuses_only_a_finished_run_of_the_same_config(tmp_path):
     again = common.train_or_reuse(cfg, run_dir, None, log=lambda *_: None)
     assert again == json.load(open(os.path.join(run_dir, "summary.json"))) and again["steps"] == first["steps"]
     assert os.stat(metrics).st_mtime_ns == stamp  # not trained again
+    import dataclasses
+    import shutil
+    moved = str(tmp_path / "moved")
+    shutil.copytree(run_dir, moved)  # a copied experiment folder still counts as the same run
+    moved_cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=moved))
+    assert common.train_or_reuse(moved_cfg, moved, None, log=lambda *_: None) == again
     other = load_config(overrides=["run.steps=2", "run.eval_every=0", "learner.sft.steps=0", "task.heldout_size=8",
                                    "run.progress=false", f"run.dir={run_dir}"])
     with pytest.raises(FileExistsError, match="another config"):
