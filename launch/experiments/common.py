@@ -47,12 +47,16 @@ def fixed_batch_config(base: Config, batch_size: int, scaling: str, seed: int, *
 def train_or_reuse(cfg: Config, run_dir: str, controller, log=print) -> dict:
     """train(cfg, run_dir) unless run_dir already holds a finished run of the same config (its
     summary.json): an interrupted experiment, rerun into the same folder, redoes only what did
-    not finish. An unfinished run's folder is cleared and trained again."""
+    not finish. An unfinished (or preempted) run's folder is cleared and trained again."""
     from launch.train import train
 
     summary_path = os.path.join(run_dir, "summary.json")
     config_path = os.path.join(run_dir, "config.yaml")
-    if os.path.isfile(summary_path) and os.path.isfile(config_path):
+    finished = False
+    if os.path.isfile(summary_path):
+        with open(summary_path) as f:
+            finished = not json.load(f).get("preempted", True)  # a stopped run leaves one too
+    if finished and os.path.isfile(config_path):
         with open(config_path) as f:
             saved = yaml.safe_load(f)
         wanted = yaml.safe_load(yaml.safe_dump(config_loader.to_dict(cfg), sort_keys=False))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 
 from launch.config import Config
 from launch.experiments import common
@@ -24,7 +25,7 @@ FULL = dict(batch_sizes=(64, 128, 256, 512), seeds=(0, 1, 2), max_samples=80_000
             target="0.5", metric="eval/exact_match", window=10, dwell=20)
 
 
-def controller_runs(base: Config, out: str, p: dict, log=print) -> list[dict]:
+def controller_runs(base: Config, out: str, p: dict, stop_at: float = 0.0, log=print) -> list[dict]:
     bs = sorted(p["batch_sizes"])
     start = bs[len(bs) // 2]
     base_b = base.controller.base_batch_size or base.learner.batch_size
@@ -33,7 +34,7 @@ def controller_runs(base: Config, out: str, p: dict, log=print) -> list[dict]:
         run_dir = os.path.join(out, "runs", f"controller-s{seed}")
         cfg = common.fixed_batch_config(base, start, "sqrt", seed, base_batch_size=base_b,
                                         max_samples=p["max_samples"], eval_samples=p["eval_samples"],
-                                        run_dir=run_dir, smallest_batch_size=bs[0])
+                                        run_dir=run_dir, stop_at=stop_at, smallest_batch_size=bs[0])
         # steps sized for the start B (the sample budget moves with the controller's choices);
         # evaluations at least as often as the fixed runs' whatever B it picks
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(
@@ -42,6 +43,8 @@ def controller_runs(base: Config, out: str, p: dict, log=print) -> list[dict]:
                                            min_batch_size=bs[0], max_batch_size=bs[-1], scaling="sqrt",
                                            base_batch_size=0))
         ctrl = make_controller(cfg.controller, cfg.learner, cfg.actors)
+        if os.path.exists(run_dir):  # redone whole: its decisions live in the controller object
+            shutil.rmtree(run_dir)
         train(cfg, run_dir, controller=ctrl)
         rec = common.run_record(cfg, run_dir, p["metric"], batch_size="controller", scaling="sqrt", seed=seed)
         rec["controller_decisions"] = ctrl.decisions
@@ -60,9 +63,12 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
     log(f"decision-rule ({'quick' if quick else 'full'}): fixed B {p['batch_sizes']} (sqrt) x seeds {p['seeds']}, "
         "then the controller")
     fixed_target = None if p["target"] == "auto" else float(p["target"])
+    # With a fixed exact-match target every run stops there (as batch-invariance's do, so its
+    # sqrt runs are these fixed runs and a shared folder reuses them).
+    stop = fixed_target if (fixed_target is not None and p["metric"] == "eval/exact_match") else 0.0
     fixed = run_grid(base, out, p["batch_sizes"], ("sqrt",), p["seeds"], p["max_samples"], p["eval_samples"],
-                     p["metric"], log=log)
-    ctrl = controller_runs(base, out, p, log=log)
+                     p["metric"], stop_at=stop, log=log)
+    ctrl = controller_runs(base, out, p, stop_at=stop, log=log)
     target = fixed_target if fixed_target is not None else common.auto_target(fixed + ctrl)
     common.add_time_to_target(fixed + ctrl, target)
     bn = common.median_or_none(r["noise_scale"] for r in fixed)

@@ -105,6 +105,10 @@ def test_train_or_reuse_reuses_only_a_finished_run_of_the_same_config(tmp_path):
                                    "run.progress=false", f"run.dir={run_dir}"])
     with pytest.raises(FileExistsError, match="another config"):
         common.train_or_reuse(other, run_dir, None)
-    os.remove(os.path.join(run_dir, "summary.json"))  # as if interrupted before it finished
+    summary_path = os.path.join(run_dir, "summary.json")
+    json.dump({**again, "preempted": True}, open(summary_path, "w"))  # SIGTERM also leaves a summary
+    assert not common.train_or_reuse(cfg, run_dir, None, log=lambda *_: None)["preempted"]  # trained again
+    assert os.stat(metrics).st_mtime_ns != stamp
+    os.remove(summary_path)  # as if killed before it finished
     redone = common.train_or_reuse(cfg, run_dir, None, log=lambda *_: None)
     assert redone["steps"] == 1 and os.path.isfile(os.path.join(run_dir, "summary.json"))
