@@ -5,9 +5,10 @@
 Reads config.json and the safetensors weights (one ``model.safetensors``, or shards listed by
 ``model.safetensors.index.json``) one tensor at a time: each is read, transposed if it is a linear
 kernel (HF stores [out, in], nnx.Linear [in, out]), cast to the param dtype and placed on the
-device. Files are memory-mapped one shard at a time (zero-copy views); each tensor is copied
-once (transpose + cast fused, on a few threads) into an aligned buffer the device adopts, and at
-most 2 x threads copies are in flight, so the host never holds a second model copy.
+device. Tensors are read with preadv from the page cache; each lands once in its parameter's
+own aligned buffer, which the device adopts (kernels via a per-thread scratch read and a fused
+transpose + cast), on a few threads with at most 2 x threads in flight, so the host never holds
+a second model copy.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import json
-import mmap
 import os
+import threading
+from typing import NamedTuple
 
 import jax
 import ml_dtypes
@@ -80,8 +82,17 @@ _SAFETENSORS_DTYPES = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.b
                        "F16": np.dtype(np.float16), "F64": np.dtype(np.float64)}
 
 
-def mmap_tensors(file: str) -> dict[str, np.ndarray]:
-    """Zero-copy read-only views of every tensor of a safetensors file (memory-mapped).
+class TensorEntry(NamedTuple):
+    """Where one tensor sits in a safetensors file."""
+
+    dtype: np.dtype
+    shape: tuple
+    offset: int  # absolute byte offset of its data in the file
+    nbytes: int
+
+
+def tensor_index(file: str) -> dict[str, TensorEntry]:
+    """Every tensor of a safetensors file, from its header alone (no data read).
 
     The format is an 8-byte little-endian header length, a JSON header of
     {name: {dtype, shape, data_offsets}}, then the raw little-endian data.
@@ -89,18 +100,37 @@ def mmap_tensors(file: str) -> dict[str, np.ndarray]:
     with open(file, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays mapped while views live
     out = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
         if meta["dtype"] not in _SAFETENSORS_DTYPES:
             raise ValueError(f"tensor {name!r} in {file!r} has unsupported dtype {meta['dtype']}")
-        dtype = _SAFETENSORS_DTYPES[meta["dtype"]]
         start, end = meta["data_offsets"]
-        count = (end - start) // dtype.itemsize
-        out[name] = np.frombuffer(buf, dtype, count, offset=8 + n + start).reshape(meta["shape"])
+        out[name] = TensorEntry(_SAFETENSORS_DTYPES[meta["dtype"]], tuple(meta["shape"]), 8 + n + start, end - start)
     return out
+
+
+def _read_into(fd: int, entry: TensorEntry, out: np.ndarray) -> np.ndarray:
+    """Reads entry's bytes into the C-contiguous out (the kernel copies straight from the page
+    cache: no page-fault per 4 KiB as with a memory map)."""
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    done = 0
+    while done < entry.nbytes:  # preadv may return short on large reads
+        got = os.preadv(fd, [view[done:]], entry.offset + done)
+        if got <= 0:
+            raise OSError(f"unexpected end of file reading a tensor at byte {entry.offset + done}")
+        done += got
+    return out.view(entry.dtype).reshape(entry.shape)
+
+
+def _scratch(store: dict, nbytes: int) -> np.ndarray:
+    """A per-thread byte buffer reused across tensors (no fresh pages to fault in); store lives
+    only as long as one load, so the buffers go with it."""
+    buf = store.get(threading.get_ident())
+    if buf is None or buf.nbytes < nbytes:
+        buf = store[threading.get_ident()] = np.empty(nbytes, np.uint8)
+    return buf[:nbytes]
 
 
 def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
@@ -134,30 +164,32 @@ def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
     by_file = collections.defaultdict(list)
     for name in wanted:
         by_file[files[name]].append(name)
-    for file, names in by_file.items():  # every shape checked before the first byte is copied
-        views = mmap_tensors(file)
+    index = {file: tensor_index(file) for file in by_file}
+    for file, names in by_file.items():  # every shape checked before the first byte is read
         for name in names:
             p, var = wanted[name]
-            _check_shape(path, name, views[name], tuple(var.get_value().shape), is_kernel(p))
+            _check_shape(path, name, index[file][name].shape, tuple(var.get_value().shape), is_kernel(p))
     dtype = _NP_DTYPES[cfg.param_dtype]
-    loaded = {}
+    loaded, scratch = {}, {}
     workers = min(4, os.cpu_count() or 1)
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        # One shard mapped at a time: its pages leave the process once its tensors are copied.
         for file in sorted(by_file):
-            views = mmap_tensors(file)
-            work = [(wanted[n][0], views[n]) for n in by_file[file]]
-            for p, array in _bounded_map(pool, lambda pv: _device_copy(*pv, dtype), work, 2 * workers):
-                loaded[p] = wanted[hf_name(p)][1].replace(array)
-            del views, work
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                work = [(wanted[n][0], index[file][n]) for n in by_file[file]]
+                copy = lambda pe: _device_copy(fd, *pe, dtype, scratch)  # noqa: E731
+                for p, array in _bounded_map(pool, copy, work, 2 * workers):
+                    loaded[p] = wanted[hf_name(p)][1].replace(array)
+            finally:
+                os.close(fd)
     params = nnx.from_flat_state([(p, loaded[p]) for p, _ in flat])
     return graphdef, params
 
 
-def _check_shape(path: str, name: str, view: np.ndarray, want: tuple, kernel: bool) -> None:
-    got = view.shape[::-1] if kernel else view.shape
+def _check_shape(path: str, name: str, shape: tuple, want: tuple, kernel: bool) -> None:
+    got = shape[::-1] if kernel else shape
     if tuple(got) != want:
-        raise ValueError(f"tensor {name!r} in {path!r} has shape {tuple(view.shape)}, "
+        raise ValueError(f"tensor {name!r} in {path!r} has shape {tuple(shape)}, "
                          f"the model expects {want[::-1] if kernel else want}")
 
 
@@ -172,15 +204,22 @@ def _bounded_map(pool, fn, items, limit):
         yield pending.popleft().result()
 
 
-def _device_copy(path: tuple, view: np.ndarray, dtype: np.dtype) -> tuple[tuple, jax.Array]:
-    """(path, the tensor on the device): the one host copy (transpose + cast fused) goes into a
-    64-byte-aligned buffer, which jax.device_put on CPU adopts without a second copy. NumPy
-    releases the GIL, so the pool's threads copy in parallel."""
-    out = aligned_empty(view.shape[::-1] if is_kernel(path) else view.shape, dtype)
-    if is_kernel(path):
-        transpose_into(out, view)
+def _device_copy(fd: int, path: tuple, entry: TensorEntry, dtype: np.dtype,
+                 scratch: dict) -> tuple[tuple, jax.Array]:
+    """(path, the tensor on the device). The one copy into the parameter's own buffer (a read
+    straight into it, or a transpose + cast from a per-thread scratch read) goes into a
+    64-byte-aligned array, which jax.device_put on CPU adopts without a second copy. File reads
+    and NumPy copies release the GIL, so the pool's threads work in parallel."""
+    kernel = is_kernel(path)
+    out = aligned_empty(entry.shape[::-1] if kernel else entry.shape, dtype)
+    if not kernel and entry.dtype == dtype:
+        _read_into(fd, entry, out)
     else:
-        np.copyto(out, view, casting="same_kind")
+        src = _read_into(fd, entry, _scratch(scratch, entry.nbytes))
+        if kernel:
+            transpose_into(out, src)
+        else:
+            np.copyto(out, src, casting="same_kind")
     return path, jax.device_put(out)
 
 
