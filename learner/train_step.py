@@ -8,8 +8,8 @@ Host loop per batch (TrainStep.update), with learner.minibatches = k (default 1)
     params, opt_state, grad_norm = apply(params, opt_state, grads)                  # grads donated
 
 The loss of each microbatch is normalized by the completion-token count of its whole minibatch, so
-the accumulated gradient is exactly the minibatch gradient (the full-batch one when k = 1). Shapes are fixed by microbatch_size and
-seq_len and num_tokens is a traced scalar, so a new number of microbatches (a new batch size) or new
+the accumulated gradient is exactly the minibatch gradient (the full-batch one when k = 1). Shapes
+are fixed by microbatch_size and seq_len and num_tokens is a traced scalar, so a new number of microbatches (a new batch size) or new
 hyperparameters (arrays in opt_state) never recompile; `cache_sizes()` lets tests assert that.
 """
 
@@ -205,7 +205,6 @@ class TrainStep:
             tokens=int(num_tokens), num_microbatches=len(microbatches),
             optimizer_updates=len(per_update), step=state.step + 1,
         )
-        metrics.update({k: per_update[-1][k] for k in ("learning_rate", "b1", "b2", "eps") if k in per_update[-1]})
         return state._replace(step=state.step + 1), metrics
 
     def _update_minibatch(self, state: LearnerState, microbatches, num_tokens: int, proximal=None):

@@ -52,21 +52,20 @@ def train_or_reuse(cfg: Config, run_dir: str, controller, log=print) -> dict:
 
     summary_path = os.path.join(run_dir, "summary.json")
     config_path = os.path.join(run_dir, "config.yaml")
-    finished = False
+    summary = None
     if os.path.isfile(summary_path):
         with open(summary_path) as f:
-            finished = not json.load(f).get("preempted", True)  # a stopped run leaves one too
-    if finished and os.path.isfile(config_path):
+            summary = json.load(f)
+    if summary is not None and not summary.get("preempted", True) and os.path.isfile(config_path):
+        # (a run stopped by SIGTERM leaves a summary too, with preempted true)
         with open(config_path) as f:
             saved = yaml.safe_load(f)
         wanted = yaml.safe_load(yaml.safe_dump(config_loader.to_dict(cfg), sort_keys=False))
         for c in (saved, wanted):
             c.get("run", {}).pop("dir", None)  # the folder may have been moved or copied
-        same = saved == wanted
-        if same:
+        if saved == wanted:
             log(f"  reusing the finished run {run_dir}")
-            with open(summary_path) as f:
-                return json.load(f)
+            return summary
         raise FileExistsError(f"{run_dir} holds a finished run of another config; choose another --out")
     if os.path.exists(run_dir):
         shutil.rmtree(run_dir)
