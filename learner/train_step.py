@@ -121,7 +121,7 @@ class TrainStep:
         return LearnerState(params=params, opt_state=self.optimizer.init(params), step=0)
 
     def accumulate_gradients(
-        self, params, microbatches: Sequence[Microbatch], num_tokens: int, proximal=None,
+        self, params, microbatches: Sequence[Microbatch], num_tokens: int, proximal=None, packed=None,
     ) -> tuple[Any, list[jax.Array]]:
         """The full-batch gradient, summed over microbatches (asynchronous device values).
 
@@ -130,6 +130,7 @@ class TrainStep:
           microbatches: host microbatches (one shape).
           num_tokens: completion tokens of all of them (the loss normalizer).
           proximal: optional per-microbatch [M, T] proximal log-probs (device arrays).
+          packed: optional device copies of `microbatches` from `pack` (else packed here).
 
         Returns:
           (grads like params, per-microbatch stats: one [K + 1] float32 vector each, the
@@ -140,8 +141,8 @@ class TrainStep:
         if self._metric_keys is None:  # trace once abstractly (no compile) for the metric names
             _, shapes = jax.eval_shape(self.loss_fn, params, microbatches[0], jnp.float32(1.0))
             self._metric_keys = tuple(sorted(shapes))
-        # One buffer per microbatch, all host->device copies started at once.
-        packed = jax.device_put([pack_microbatch(mb) for mb in microbatches])
+        if packed is None:
+            packed = self.pack(microbatches)
         n = jnp.asarray(max(int(num_tokens), 1), jnp.float32)  # strong f32: one jit signature
         s = jnp.asarray(max(count_sequences(microbatches), 1), jnp.float32)
         grads = self._zeros(params)
@@ -152,9 +153,15 @@ class TrainStep:
             per_mb.append(stats)
         return grads, per_mb
 
-    def proximal_logprobs(self, params, microbatches: Sequence[Microbatch]) -> list[jax.Array]:
+    @staticmethod
+    def pack(microbatches: Sequence[Microbatch]) -> list[jax.Array]:
+        """Device copies of host microbatches, one buffer each, all copies started at once."""
+        return jax.device_put([pack_microbatch(mb) for mb in microbatches])
+
+    def proximal_logprobs(self, params, microbatches: Sequence[Microbatch], packed=None) -> list[jax.Array]:
         """[M, T] log-probs of each microbatch's tokens under params (device arrays)."""
-        packed = jax.device_put([pack_microbatch(mb) for mb in microbatches])
+        if packed is None:
+            packed = self.pack(microbatches)
         return [self._proximal(params, mb) for mb in packed]
 
     @property
@@ -187,15 +194,17 @@ class TrainStep:
         if len(chunks) == 1:
             state, metrics = self._update_minibatch(state, microbatches, num_tokens)
             return state._replace(step=state.step + 1), {**metrics, "step": state.step + 1}
+        packed = self.pack(microbatches)  # once: the proximal pass and the updates share it
         proximal = None
         if self.cfg.grpo.correction == "decoupled":  # the trust region is around the batch's start
-            proximal = self.proximal_logprobs(state.params, microbatches)
+            proximal = self.proximal_logprobs(state.params, microbatches, packed)
         per_update = []
         for chunk in chunks:
             mbs = [microbatches[i] for i in chunk]
             tokens = int(sum(np.asarray(mb.loss_mask).sum() for mb in mbs))
             state, m = self._update_minibatch(state, mbs, tokens,
-                                              None if proximal is None else [proximal[i] for i in chunk])
+                                              None if proximal is None else [proximal[i] for i in chunk],
+                                              [packed[i] for i in chunk])
             per_update.append(m)
         metrics = {k: (float(np.mean([m[k] for m in per_update])) if isinstance(v, float) else v)
                    for k, v in per_update[-1].items()}
@@ -207,10 +216,11 @@ class TrainStep:
         )
         return state._replace(step=state.step + 1), metrics
 
-    def _update_minibatch(self, state: LearnerState, microbatches, num_tokens: int, proximal=None):
+    def _update_minibatch(self, state: LearnerState, microbatches, num_tokens: int, proximal=None,
+                          packed=None):
         """One optimizer step on the given microbatches; (state with step unchanged, metrics)."""
         params = state.params
-        grads, per_mb = self.accumulate_gradients(params, microbatches, num_tokens, proximal)
+        grads, per_mb = self.accumulate_gradients(params, microbatches, num_tokens, proximal, packed)
         new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
         hyper = optim.hyperparam_arrays(opt_state)
 
