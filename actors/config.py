@@ -18,6 +18,7 @@ class SGLangConfig:
     launch_module: str = "sgl_jax.launch_server"  # sglang-jax; main SGLang is "sglang.launch_server"
     launch_args: tuple[str, ...] = CPU_ARGS  # arguments after --model-path/--host/--port (default: sglang-jax on CPU, see actors/sglang/server.py)
     launch_env: tuple[str, ...] = ("JAX_PLATFORMS=cpu",)  # KEY=VALUE pairs added to the server's environment
+    compile_cache: bool = True  # launched servers share a JAX compilation cache in work_dir/jax-cache (faster restarts)
     host: str = "127.0.0.1"  # interface launched servers listen on
     port: int = 0  # first port of launched servers (server i uses port + i); 0 = free ports
     work_dir: str = ""  # exported checkpoints and server logs ("" = RUN_DIR/sglang)

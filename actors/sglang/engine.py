@@ -78,6 +78,20 @@ class EngineStats:
     sync_seconds: float = 0.0  # total time inside sync_weights (export + restart/load)
 
 
+def server_env(cfg: SGLangConfig, work_dir: str) -> tuple[str, ...]:
+    """launch_env, plus a JAX compilation cache in work_dir shared by launched servers (compile_cache).
+
+    A restart (sglang-jax's weight sync) then loads the compiled programs instead of rebuilding them:
+    measured on 2 CPU cores, the tiny test server's start went from 22 s to 13 s. Entries the user
+    set in launch_env win.
+    """
+    env = tuple(cfg.launch_env)
+    if cfg.compile_cache and not any(e.startswith("JAX_COMPILATION_CACHE_DIR=") for e in env):
+        env += (f"JAX_COMPILATION_CACHE_DIR={os.path.join(work_dir, 'jax-cache')}",
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0")
+    return env
+
+
 class _Server:
     def __init__(self, client: SGLangClient, process: ServerProcess | None):
         self.client, self.process = client, process
@@ -120,7 +134,7 @@ class SGLangEngine:
                 raise ValueError("launch_python: set it or $CADENCE_SGLANG_PYTHON (or attach servers with urls)")
             procs = [ServerProcess(python, cfg.launch_module, cfg.launch_args, cfg.host,
                                    cfg.port + i if cfg.port else 0, os.path.join(self.work_dir, "logs"),
-                                   cfg.launch_env) for i in range(cfg.num_servers)]
+                                   server_env(cfg, self.work_dir)) for i in range(cfg.num_servers)]
             self.servers = [_Server(SGLangClient(p.url, cfg.request_timeout_s, cfg.concurrency), p)
                             for p in procs]
         self._loop = asyncio.new_event_loop()

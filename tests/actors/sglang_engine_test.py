@@ -5,6 +5,7 @@ Needs $CADENCE_SGLANG_PYTHON (the python of a Python 3.12 venv with sglang-jax[c
 sglang-jax needs head_dim 128).
 """
 import asyncio
+import os
 import threading
 import time
 
@@ -194,6 +195,8 @@ def test_weight_change_in_restart_mode_labels_each_row_with_its_version(engine, 
     assert (fresh.policy_versions == 1).all()
     assert_matches_model(model, fresh, prompts[:6])
     assert not engine.sync_weights(model[2][1], 1)  # already served: nothing to do
+    # The restarted server found the first start's compiled programs in the shared cache.
+    assert os.listdir(os.path.join(engine.work_dir, "jax-cache"))
 
 
 def test_server_killed_mid_run_is_restarted_and_nothing_is_lost(engine, model):

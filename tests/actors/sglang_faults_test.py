@@ -217,3 +217,13 @@ def test_config_validation_names_the_field(monkeypatch):
     ActorsConfig(engine="sglang", sglang=SGLangConfig(urls=("http://h:1",), sync="disk")).validate()
     monkeypatch.setenv("CADENCE_SGLANG_PYTHON", "/some/python")
     ActorsConfig(engine="sglang").validate()
+
+
+def test_launched_servers_share_a_compilation_cache_unless_configured_otherwise(tmp_path):
+    from actors.sglang.engine import server_env
+    env = dict(e.split("=", 1) for e in server_env(SGLangConfig(), str(tmp_path)))
+    assert env["JAX_PLATFORMS"] == "cpu"
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax-cache")
+    own = SGLangConfig(launch_env=("JAX_PLATFORMS=cpu", "JAX_COMPILATION_CACHE_DIR=/mine"))
+    assert [e for e in server_env(own, str(tmp_path)) if "CACHE" in e] == ["JAX_COMPILATION_CACHE_DIR=/mine"]
+    assert server_env(SGLangConfig(compile_cache=False), str(tmp_path)) == ("JAX_PLATFORMS=cpu",)
