@@ -2,7 +2,7 @@
 
 Weight sync on sglang-jax is a server restart (13-25 s on CPU with the shared compilation cache),
 so the run syncs only when the staleness bound needs it: with actors.max_staleness=S the server is
-restarted about every S + 1 versions. Needs $CADENCE_SGLANG_PYTHON (see sglang_engine_test.py).
+restarted about every S versions. Needs $CADENCE_SGLANG_PYTHON (see sglang_engine_test.py).
 
 Calibration (an in-process simulation of exactly this sync policy: a JAX engine that refreshes its
 weights only when the bound forces it, seeds 0-2): at S=5 the mean training reward of the samples
