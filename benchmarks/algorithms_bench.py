@@ -10,7 +10,7 @@ exact match >= 0.5 (or at --max-steps). Two tables, in one invocation:
 
 Prints one JSON line per run and a markdown table per part (paste into README).
 
-    python benchmarks/algorithms_bench.py [--part algorithms staleness] [--seeds 0] [--max-steps 400]
+    python benchmarks/algorithms_bench.py [--part algorithms staleness] [--seeds 0] [--max-steps 400] [--set KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -106,6 +106,8 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=400)
     ap.add_argument("--staleness", nargs="+", type=int, default=list(STALENESS))
     ap.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=list(CORRECTIONS))
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every run (e.g. learner.optimizer.lr=2.5e-4)")
     args = ap.parse_args()
     setups: list[tuple[str, str, list[str]]] = []
     if "algorithms" in args.part:
@@ -119,13 +121,14 @@ def main() -> None:
         for part, name, overrides in setups:
             runs = []
             for seed in args.seeds:
-                r = run_once(name, overrides, seed, args.max_steps, workdir)
+                r = run_once(name, overrides + args.set, seed, args.max_steps, workdir)
                 print(json.dumps(r), flush=True)
                 runs.append(r)
             summaries.setdefault(part, []).append(summarize(name, runs))
     for part, rows in summaries.items():
         print(f"\n## {part} (target held-out exact match >= {TARGET}, median over seeds "
-              f"{args.seeds}, {time.perf_counter() - t0:.0f} s total)\n{table(rows)}")
+              f"{args.seeds}{', with ' + ' '.join(args.set) if args.set else ''}, "
+              f"{time.perf_counter() - t0:.0f} s total)\n{table(rows)}")
 
 
 if __name__ == "__main__":
