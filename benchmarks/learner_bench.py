@@ -19,7 +19,6 @@ import pathlib
 import statistics
 import sys
 import time
-from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -34,24 +33,14 @@ from learner.config import LearnerConfig  # noqa: E402
 from learner.models import llama  # noqa: E402
 from learner.models.config import ModelConfig  # noqa: E402
 from learner.train_step import TrainStep  # noqa: E402
+from protocols.messages import RolloutGroup  # noqa: E402
+from protocols.testing import rollout_group  # noqa: E402
 
 SEQ_LEN, PROMPT_LEN, BATCH, MICROBATCH, GROUP = 16, 6, 128, 32, 8
 PAD = 0
 
 
-class Group(NamedTuple):
-    prompt_id: str
-    task: str
-    prompt_tokens: list
-    completion_tokens: list
-    behavior_logprobs: list
-    rewards: list
-    policy_version: int
-    actor_id: str = "bench"
-    timings: Any = None
-
-
-def make_groups(vocab: int, seed: int = 0) -> list[Group]:
+def make_groups(vocab: int, seed: int = 0) -> list[RolloutGroup]:
     """BATCH / GROUP groups filling every row: PROMPT_LEN prompt + (SEQ_LEN - PROMPT_LEN) completion."""
     rng = np.random.default_rng(seed)
     n_completion = SEQ_LEN - PROMPT_LEN
@@ -60,7 +49,7 @@ def make_groups(vocab: int, seed: int = 0) -> list[Group]:
         prompt = [1] + [int(x) for x in rng.integers(3, vocab, PROMPT_LEN - 1)]
         comps = [[int(x) for x in rng.integers(3, vocab, n_completion)] for _ in range(GROUP)]
         behav = [[float(-rng.exponential()) for _ in c] for c in comps]
-        groups.append(Group(f"p{i}", "bench", prompt, comps, behav, [float(rng.random() < 0.5) for _ in comps], 0))
+        groups.append(rollout_group(f"p{i}", "bench", prompt, comps, behav, [float(rng.random() < 0.5) for _ in comps], 0))
     return groups
 
 

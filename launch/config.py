@@ -25,6 +25,7 @@ class RunConfig:
     dir: str = ""  # run directory; "" = runs/<task>-<UTC time>
     steps: int = 500  # RL updates to run (after the supervised warm-up); sort-6 passes 0.5 exact match at ~250-550
     eval_every: int = 10  # held-out greedy evaluation every this many updates (0 = only at the end)
+    eval_every_samples: int = 0  # if > 0: evaluate each time this many more samples were consumed instead (steady while B changes)
     stop_at_exact_match: float = 0.0  # stop early once held-out exact match reaches this (0 = never)
     max_samples: int = 0  # stop once updates have consumed this many samples (0 = no limit)
     progress: bool = True  # print a progress line per evaluation / every few steps
@@ -36,6 +37,8 @@ class RunConfig:
             raise ValueError(f"steps: must be >= 0, got {self.steps}")
         if self.eval_every < 0:
             raise ValueError(f"eval_every: must be >= 0, got {self.eval_every}")
+        if self.eval_every_samples < 0:
+            raise ValueError(f"eval_every_samples: must be >= 0 (0 = use eval_every), got {self.eval_every_samples}")
         if not 0.0 <= self.stop_at_exact_match <= 1.0:
             raise ValueError(f"stop_at_exact_match: must be in [0, 1], got {self.stop_at_exact_match}")
         if self.max_samples < 0:

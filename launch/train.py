@@ -6,8 +6,9 @@
 Order of events: build the task, model and engine; either restore the newest checkpoint (params,
 Adam state, stream position, sample ledger with its queued groups, in-flight prompts to re-issue)
 or run the supervised warm-up; start the actor threads; the learner loop takes batches and
-publishes versions; held-out greedy evaluation every run.eval_every updates; checkpoints every
-checkpoint.every_steps; SIGTERM/SIGINT end with a final checkpoint and exit code 0.
+publishes versions; held-out greedy evaluation every run.eval_every updates (or
+run.eval_every_samples samples); checkpoints every checkpoint.every_steps; SIGTERM/SIGINT end
+with a final checkpoint and exit code 0.
 """
 from __future__ import annotations
 
@@ -276,9 +277,18 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     def save(st, finished=False, wait=False):
         checkpointer.save(st.step, _arrays(st), snapshot(st, finished), wait=wait)
 
+    evaluated_at = {"samples": loop.samples}  # samples at the previous step (a resumed run starts there)
+
+    def eval_due(step: int, samples: int) -> bool:
+        n = cfg.run.eval_every_samples
+        if n:  # a crossing of a multiple of n samples, whatever B the steps in between had
+            due, evaluated_at["samples"] = samples // n > evaluated_at["samples"] // n, samples
+            return due
+        return bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
+
     def on_step(step, st, m) -> bool:
         final = step == cfg.run.steps
-        if (cfg.run.eval_every and step % cfg.run.eval_every == 0) or final:
+        if eval_due(step, m["samples"]) or final:
             summary["last_eval"] = evaluate(engine, task, st.params, heldout)
             m.update(summary["last_eval"])
             m["wall_time"] = clock()

@@ -25,6 +25,7 @@ def run_grid(base: Config, out: str, batch_sizes, scalings, seeds, max_samples, 
     """Train every (B, scaling, seed) at fixed B; one record per run."""
     base_b = base.controller.base_batch_size or base.learner.batch_size
     records = []
+    trained: dict[tuple, dict] = {}  # at B = base_b every rule gives the same run: train it once
     for scaling in scalings:
         for b in batch_sizes:
             for seed in seeds:
@@ -33,9 +34,15 @@ def run_grid(base: Config, out: str, batch_sizes, scalings, seeds, max_samples, 
                                                 max_samples=max_samples, eval_samples=eval_samples,
                                                 run_dir=run_dir, stop_at=stop_at,
                                                 smallest_batch_size=min(batch_sizes))
+                same = (b, seed, cfg.learner.optimizer)
+                if same in trained:
+                    log(f"  B={b:<4} {scaling:<6} seed {seed}: the same run as {trained[same]['run_dir']}")
+                    records.append({**trained[same], "scaling": scaling})
+                    continue
                 summary = common.train_or_reuse(cfg, run_dir, common.observer(cfg), log=log)
                 rec = common.run_record(cfg, run_dir, metric, batch_size=b, scaling=scaling, seed=seed,
                                         summary_wall=summary["wall_time"])
+                trained[same] = rec
                 log(f"  B={b:<4} {scaling:<6} seed {seed}: final {metric} {rec['curve'][-1][2]:.3f} "
                     f"at {rec['curve'][-1][0]} samples, {rec['samples_per_second'] or 0:.0f} samples/s")
                 records.append(rec)
@@ -46,14 +53,27 @@ def summarize(records, batch_sizes, scalings) -> dict:
     """Per scaling: median samples-to-target per B and the relative spread across B."""
     out = {}
     for scaling in scalings:
-        per_b = {b: common.median_or_none(r["samples_to_target"] for r in records
-                                          if r["scaling"] == scaling and r["batch_size"] == b)
-                 for b in batch_sizes}
-        reached = [v for v in per_b.values() if v is not None]
+        per_b, reached = {}, {}
+        for b in batch_sizes:
+            runs = [r for r in records if r["scaling"] == scaling and r["batch_size"] == b]
+            value, ok = common.median_to_target(runs, "samples_to_target")
+            per_b[b] = value if ok else None
+            reached[str(b)] = f"{sum(r['samples_to_target'] is not None for r in runs)}/{len(runs)}"
+        all_reached = all(v is not None for v in per_b.values())
         out[scaling] = {"samples_to_target": {str(b): v for b, v in per_b.items()},
-                        "spread": common.relative_spread(per_b.values()) if len(reached) == len(per_b) else None,
-                        "all_reached": len(reached) == len(per_b)}
+                        "reached": reached,
+                        "spread": common.relative_spread(per_b.values()) if all_reached else None,
+                        "all_reached": all_reached}
     return out
+
+
+def _cell(summary: dict, b: int) -> str:
+    """The median samples-to-target, with the seeds that reached it when not all did."""
+    value, reached = summary["samples_to_target"][str(b)], summary["reached"][str(b)]
+    n_ok, n = reached.split("/")
+    if value is None:
+        return f"not reached ({reached})"
+    return f"{value:.4g}" + ("" if n_ok == n else f" ({reached})")
 
 
 def plot(records, batch_sizes, scalings, target, metric, path):
@@ -92,8 +112,7 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
                "target": target, "summary": summary, "runs": records}
     common.write_json(os.path.join(out, "results.json"), results)
     plot(records, p["batch_sizes"], p["scalings"], target, p["metric"], os.path.join(out, "curves.png"))
-    rows = [[s, *[summary[s]["samples_to_target"][str(b)] for b in p["batch_sizes"]], summary[s]["spread"]]
-            for s in p["scalings"]]
+    rows = [[s, *[_cell(summary[s], b) for b in p["batch_sizes"]], summary[s]["spread"]] for s in p["scalings"]]
     sqrt, none = summary.get("sqrt", {}).get("spread"), summary.get("none", {}).get("spread")
     verdict = ""
     if sqrt is not None:
@@ -105,7 +124,8 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
         f"{list(p['scalings'])}, seeds {list(p['seeds'])}, up to {p['max_samples']} samples per run; "
         f"held-out `{p['metric']}` every {p['eval_samples']} samples; target {target:.4g}"
         f"{' (auto: halfway from the start to the median best of all runs)' if fixed_target is None else ''}.",
-        "Samples to target (median over seeds) and spread = (max - min) / mean across batch sizes:",
+        "Samples to target (median over seeds; a seed that never reached it counts as slowest, and the "
+        "seeds that reached it are shown when not all did) and spread = (max - min) / mean across batch sizes:",
         common.markdown_table(["scaling", *[f"B={b}" for b in p["batch_sizes"]], "spread"], rows),
         verdict,
         "![curves](curves.png)",

@@ -128,6 +128,27 @@ def add_time_to_target(records: list[RunRecord], target: float) -> None:
         r["samples_to_target"], r["wall_to_target"] = hit if hit else (None, None)
 
 
+def median_to_target(runs: list[RunRecord], key: str) -> tuple[float | None, bool]:
+    """Median over seeds of `key` ("samples_to_target" or "wall_to_target"), and whether it is one.
+
+    A run that never reached the target counts as slower than every run that did (dropping it
+    would flatter a batch size that mostly fails); its budget at the last evaluation is a lower
+    bound on its time. When the median falls on such a run, (that lower bound, False) is returned.
+    """
+    at = {"samples_to_target": 0, "wall_to_target": 1}[key]
+    ranked = sorted((r[key] is None, r[key] if r[key] is not None else _budget(r, at)) for r in runs)
+    if not ranked:
+        return None, False
+    n = len(ranked)
+    middle = ranked[(n - 1) // 2: n // 2 + 1]
+    return float(statistics.mean(v for _, v in middle)), not any(censored for censored, _ in middle)
+
+
+def _budget(run: RunRecord, at: int) -> float:
+    """Samples (at=0) or wall seconds (at=1) at the run's last evaluation; 0 if it has none."""
+    return float(run["curve"][-1][at]) if run["curve"] else 0.0
+
+
 def median_or_none(values):
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None

@@ -35,10 +35,12 @@ def controller_runs(base: Config, out: str, p: dict, stop_at: float = 0.0, log=p
         cfg = common.fixed_batch_config(base, start, "sqrt", seed, base_batch_size=base_b,
                                         max_samples=p["max_samples"], eval_samples=p["eval_samples"],
                                         run_dir=run_dir, stop_at=stop_at, smallest_batch_size=bs[0])
-        # steps sized for the start B (the sample budget moves with the controller's choices);
-        # evaluations at least as often as the fixed runs' whatever B it picks
+        # the same sample budget and evaluation schedule (in samples) as the fixed runs, whatever B
+        # the controller picks: step-based ones would evaluate a small B more often (costing it wall
+        # time) and end its budget early
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(
-            cfg.run, steps=p["max_samples"] // start, eval_every=max(1, p["eval_samples"] // bs[-1])),
+            cfg.run, steps=p["max_samples"] // bs[0], max_samples=p["max_samples"],
+            eval_every_samples=p["eval_samples"]),
             controller=dataclasses.replace(cfg.controller, enabled=True, window=p["window"], dwell=p["dwell"],
                                            min_batch_size=bs[0], max_batch_size=bs[-1], scaling="sqrt",
                                            base_batch_size=0))
@@ -76,27 +78,36 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
     for b in p["batch_sizes"]:
         runs = [r for r in fixed if r["batch_size"] == b]
         x = common.median_or_none(r["samples_per_second"] for r in runs)
-        rows[b] = {"measured_wall": common.median_or_none(r["wall_to_target"] for r in runs),
-                   "samples_to_target": common.median_or_none(r["samples_to_target"] for r in runs),
+        # a B whose median seed never reached the target: its wall is a lower bound ("reached" False)
+        wall, reached = common.median_to_target(runs, "wall_to_target")
+        samples, _ = common.median_to_target(runs, "samples_to_target")
+        rows[b] = {"measured_wall": wall, "samples_to_target": samples, "reached": reached,
+                   "seeds_reached": f"{sum(r['wall_to_target'] is not None for r in runs)}/{len(runs)}",
                    "samples_per_second": x,
                    "predicted": time_to_target_score(b, bn, x) if (bn and x) else None}
-    measured = {b: r["measured_wall"] for b, r in rows.items() if r["measured_wall"] is not None}
+    measured = {b: r["measured_wall"] for b, r in rows.items() if r["reached"]}
     predicted = {b: r["predicted"] for b, r in rows.items() if r["predicted"] is not None}
     best_b = min(measured, key=measured.get) if measured else None
-    worst_b = max(measured, key=measured.get) if measured else None
-    ctrl_wall = common.median_or_none(r["wall_to_target"] for r in ctrl)
+    # the worst includes a B that did not reach the target: its time is then at least its wall
+    walls = {b: r["measured_wall"] for b, r in rows.items() if r["measured_wall"] is not None}
+    worst_b = max(walls, key=walls.get) if walls else None
+    ctrl_wall, ctrl_reached = common.median_to_target(ctrl, "wall_to_target") if ctrl else (None, False)
     for b, r in rows.items():
         rel_m = r["measured_wall"] / measured[best_b] if (best_b and r["measured_wall"]) else None
         rel_p = (r["predicted"] / predicted[best_b]) if (best_b in predicted and r["predicted"]) else None
         r.update(measured_relative=rel_m, predicted_relative=rel_p)
-        table.append([b, r["samples_to_target"], r["samples_per_second"], r["measured_wall"], rel_m, rel_p])
-    vs_best = ctrl_wall / measured[best_b] if (ctrl_wall and best_b) else None
-    vs_worst = measured[worst_b] / ctrl_wall if (ctrl_wall and worst_b) else None
+        bound = "" if r["reached"] else ">= "
+        table.append([b, f"{bound}{r['samples_to_target']:.4g} ({r['seeds_reached']})", r["samples_per_second"],
+                      f"{bound}{r['measured_wall']:.4g}", None if rel_m is None else f"{bound}{rel_m:.4g}", rel_p])
+    vs_best = ctrl_wall / measured[best_b] if (ctrl_reached and best_b) else None
+    vs_worst = walls[worst_b] / ctrl_wall if (ctrl_reached and worst_b) else None
+    worst_is_bound = worst_b is not None and not rows[worst_b]["reached"]
     predicted_best = min(predicted, key=predicted.get) if predicted else None
     results = {"experiment": "decision-rule", "quick": quick, "params": p, "target": target, "noise_scale": bn,
                "fixed": {str(b): r for b, r in rows.items()}, "best_fixed": best_b, "worst_fixed": worst_b,
                "predicted_best": predicted_best, "controller_wall_to_target": ctrl_wall,
-               "controller_vs_best": vs_best, "worst_vs_controller": vs_worst, "runs": fixed + ctrl}
+               "controller_vs_best": vs_best, "worst_vs_controller": vs_worst,
+               "worst_vs_controller_is_lower_bound": worst_is_bound, "runs": fixed + ctrl}
     common.write_json(os.path.join(out, "results.json"), results)
     _plot(rows, ctrl, fixed, os.path.join(out, "decision_rule.png"))
     report = "\n\n".join([
@@ -107,9 +118,10 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
                                "predicted / best"], table),
         f"Best fixed B (measured) {best_b}, predicted best {predicted_best}, worst {worst_b}.",
         f"Controller (start B={sorted(p['batch_sizes'])[len(p['batch_sizes']) // 2]}): wall to target "
-        f"{ctrl_wall if ctrl_wall is None else f'{ctrl_wall:.1f} s'}; vs best fixed "
+        f"{ctrl_wall if ctrl_wall is None else ('' if ctrl_reached else '>= ') + f'{ctrl_wall:.1f} s'}; vs best fixed "
         f"{vs_best if vs_best is None else f'{vs_best:.2f}x'} (acceptance <= 1.15x); worst fixed / controller "
-        f"{vs_worst if vs_worst is None else f'{vs_worst:.2f}x'} (acceptance >= 1.3x). "
+        f"{vs_worst if vs_worst is None else ('>= ' if worst_is_bound else '') + f'{vs_worst:.2f}x'} "
+        f"(acceptance >= 1.3x{'; the worst B did not reach the target, so its wall is a lower bound' if worst_is_bound else ''}). "
         f"B paths: {'; '.join(_path(r['batch_sizes']) for r in ctrl)}.",
         "![decision rule](decision_rule.png)",
     ])
@@ -124,6 +136,10 @@ def _plot(rows, ctrl, fixed, path):
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     bs = [x for x in rows if rows[x]["measured_relative"] is not None]
     a.plot(bs, [rows[x]["measured_relative"] for x in bs], "o-", label="measured")
+    low = [x for x in bs if not rows[x]["reached"]]
+    if low:
+        a.plot(low, [rows[x]["measured_relative"] for x in low], "^", ms=10, mfc="none",
+               label="lower bound (median seed did not reach)")
     bp = [x for x in rows if rows[x]["predicted_relative"] is not None]
     a.plot(bp, [rows[x]["predicted_relative"] for x in bp], "s--", label="predicted (1 + B/B_noise) / X(B)")
     a.set_xscale("log", base=2)

@@ -51,3 +51,12 @@ def test_cli_train_then_eval(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "launch.cli", "eval", str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 1 and "not a Cadence run directory" in bad.stderr
+
+
+def test_evaluation_every_n_samples_follows_samples_not_steps(small_config, tmp_path):
+    # B=16: samples 16, 32, 48, 64, 80, 96 -> crossings of 40 at steps 3 and 5, plus the final step
+    cfg = small_config("run.steps=6", "run.eval_every=1", "run.eval_every_samples=40", "learner.batch_size=16",
+                       "learner.microbatch_size=8", "learner.sft.steps=0", "task.heldout_size=8")
+    train(cfg, str(tmp_path / "run"))
+    rows = read_metrics(str(tmp_path / "run"))
+    assert [m["step"] for m in rows if "eval/exact_match" in m] == [0, 3, 5, 6]

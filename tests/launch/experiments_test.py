@@ -30,6 +30,19 @@ def test_auto_target_halfway_to_the_median_best():
     assert recs[2]["samples_to_target"] is None  # a flat run does not reach it
 
 
+def test_median_to_target_counts_a_run_that_never_reached_as_slowest():
+    def run(samples, end=500):
+        return dict(record(16, "sqrt", 0, [0.0, 0.1]), samples_to_target=samples, wall_to_target=None,
+                    curve=[(0, 0.0, 0.0), (end, 9.0, 0.1)])
+
+    assert common.median_to_target([run(100), run(200), run(None)], "samples_to_target") == (200.0, True)
+    # the median seed never reached: its budget (samples at its last evaluation) is a lower bound
+    assert common.median_to_target([run(100), run(None, 400), run(None, 600)], "samples_to_target") == (400.0, False)
+    assert common.median_to_target([run(None, 400)], "wall_to_target") == (9.0, False)
+    assert common.median_to_target([run(100), run(300)], "samples_to_target") == (200.0, True)
+    assert common.median_to_target([], "samples_to_target") == (None, False)
+
+
 def test_summary_spread_is_relative_to_the_mean_of_per_batch_medians():
     recs = []
     for seed, (a, b) in enumerate([(100, 150), (120, 130), (110, 300)]):  # medians 110 and 150
@@ -41,6 +54,7 @@ def test_summary_spread_is_relative_to_the_mean_of_per_batch_medians():
     assert s["sqrt"]["samples_to_target"] == {"16": 110, "32": 150}
     assert s["sqrt"]["spread"] == pytest.approx(40 / 130)
     assert s["none"]["spread"] is None and not s["none"]["all_reached"]
+    assert s["none"]["reached"] == {"16": "1/1", "32": "0/1"} and s["none"]["samples_to_target"]["32"] is None
 
 
 def test_curves_plot_is_written(tmp_path):

@@ -1,7 +1,6 @@
 """Rescaling on B -> kB: exactly the rule's lr, betas and eps, Adam moments kept, no recompilation."""
 import dataclasses
 import math
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,21 +14,10 @@ from learner.controller import BatchSizeController, ControllerConfig, rescale, s
 from learner.loop import Decision, LearnerLoop, LoopSettings
 from learner.train_step import TrainStep
 from protocols.admission import AdmissionGate
+from protocols.testing import rollout_group
 
 V, T, D, PAD = 12, 8, 8, 0
 BASE = {"learning_rate": 1e-3, "b1": 0.9, "b2": 0.99, "eps": 1e-8}
-
-
-class Group(NamedTuple):
-    prompt_id: str
-    task: str
-    prompt_tokens: list
-    completion_tokens: list
-    behavior_logprobs: list
-    rewards: list
-    policy_version: int
-    actor_id: str = "a"
-    timings: Any = None
 
 
 def logits_fn(params, tokens, positions, mask):
@@ -42,7 +30,7 @@ def groups(n, seed, g=4):
     out = []
     for i in range(n):
         comps = [[int(x) for x in rng.integers(2, V, rng.integers(1, 6))] for _ in range(g)]
-        out.append(Group(f"g{i}", "t", [1, 2], comps, [[-1.0] * len(c) for c in comps],
+        out.append(rollout_group(f"g{i}", "t", [1, 2], comps, [[-1.0] * len(c) for c in comps],
                          [float(x) for x in rng.random(g)], 0))
     return out
 

@@ -3,7 +3,6 @@
 import dataclasses
 import functools
 import os
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,21 +13,10 @@ import pytest
 from learner.batching import build_microbatches
 from learner.config import GRPOConfig, LearnerConfig, OptimizerConfig, SFTConfig
 from learner.train_step import LearnerState, TrainStep
+from protocols.testing import rollout_group
 
 V, T, D = 16, 8, 8  # vocab, seq_len, width of the stand-in model
 PAD = 0
-
-
-class Group(NamedTuple):
-    prompt_id: str
-    task: str
-    prompt_tokens: list
-    completion_tokens: list
-    behavior_logprobs: list
-    rewards: list
-    policy_version: int
-    actor_id: str = "a"
-    timings: Any = None
 
 
 def init_params(seed=0):
@@ -69,7 +57,7 @@ def make_groups(num_groups, seed, group_size=4, params=None, temperature=1.0):
             else:
                 behav.append([np_logprob(params, seq[t - 1], t - 1, seq[t], temperature)
                               for t in range(len(prompt), len(seq))])
-        groups.append(Group(f"g{i}", "t", prompt, comps, behav, [float(x) for x in rng.random(group_size)], 0))
+        groups.append(rollout_group(f"g{i}", "t", prompt, comps, behav, [float(x) for x in rng.random(group_size)], 0))
     return groups
 
 
@@ -117,7 +105,7 @@ def test_padding_microbatch_adds_nothing():
     step = TrainStep(logits_fn, cfg)
     params = init_params()
     mbs, stats = build_microbatches(make_groups(2, seed=2), T, 4, PAD, cfg.grpo)
-    empty, _ = build_microbatches([Group("e", "t", [1], [[]], [[]], [0.0], 0)], T, 4, PAD, cfg.grpo)
+    empty, _ = build_microbatches([rollout_group("e", "t", [1], [[]], [[]], [0.0], 0)], T, 4, PAD, cfg.grpo)
     g1, _ = step.accumulate_gradients(params, mbs, stats["num_tokens"])
     g2, _ = step.accumulate_gradients(params, mbs + empty, stats["num_tokens"])
     for k in params:
@@ -169,7 +157,7 @@ def test_updates_make_the_rewarded_completion_more_likely():
     step = TrainStep(logits_fn, cfg)
     params = init_params(5)
     before = (np_logprob(params, 3, 1, 5), np_logprob(params, 3, 1, 6))
-    group = Group("g", "t", [1, 3], [[5], [6], [5], [6]],
+    group = rollout_group("g", "t", [1, 3], [[5], [6], [5], [6]],
                   [[float(np_logprob(params, 3, 1, 5))], [float(np_logprob(params, 3, 1, 6))]] * 2,
                   [1.0, 0.0, 1.0, 0.0], 0)
     mbs, stats = build_microbatches([group], T, 4, PAD, cfg.grpo)
