@@ -60,6 +60,11 @@ def train_or_reuse(cfg: Config, run_dir: str, controller, log=print) -> dict:
         # (a run stopped by SIGTERM leaves a summary too, with preempted true)
         with open(config_path) as f:
             saved = yaml.safe_load(f)
+        try:  # keys added to the config since that run took their defaults there
+            saved = config_loader.to_dict(config_loader.merge(Config(), saved))
+        except config_loader.ConfigError:
+            pass  # a key since removed: compared as is, so it differs
+        saved = yaml.safe_load(yaml.safe_dump(saved, sort_keys=False))
         wanted = yaml.safe_load(yaml.safe_dump(config_loader.to_dict(cfg), sort_keys=False))
         for c in (saved, wanted):
             c.get("run", {}).pop("dir", None)  # the folder may have been moved or copied
