@@ -277,12 +277,12 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     def save(st, finished=False, wait=False):
         checkpointer.save(st.step, _arrays(st), snapshot(st, finished), wait=wait)
 
-    evaluated_at = {"samples": loop.samples}  # samples at the previous step (a resumed run starts there)
+    previous = {"samples": loop.samples}  # samples after the previous step (a resumed run starts there)
 
     def eval_due(step: int, samples: int) -> bool:
         n = cfg.run.eval_every_samples
         if n:  # a crossing of a multiple of n samples, whatever B the steps in between had
-            due, evaluated_at["samples"] = samples // n > evaluated_at["samples"] // n, samples
+            due, previous["samples"] = samples // n > previous["samples"] // n, samples
             return due
         return bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
 

@@ -58,7 +58,7 @@ def summarize(records, batch_sizes, scalings) -> dict:
             runs = [r for r in records if r["scaling"] == scaling and r["batch_size"] == b]
             value, ok = common.median_to_target(runs, "samples_to_target")
             per_b[b] = value if ok else None
-            reached[str(b)] = f"{sum(r['samples_to_target'] is not None for r in runs)}/{len(runs)}"
+            reached[str(b)] = common.seeds_reached(runs)
         all_reached = all(v is not None for v in per_b.values())
         out[scaling] = {"samples_to_target": {str(b): v for b, v in per_b.items()},
                         "reached": reached,

@@ -149,6 +149,11 @@ def median_to_target(runs: list[RunRecord], key: str) -> tuple[float | None, boo
     return float(statistics.mean(v for _, v in middle)), not any(censored for censored, _ in middle)
 
 
+def seeds_reached(runs: list[RunRecord]) -> str:
+    """"k/n": how many of the runs reached the target."""
+    return f"{sum(r['samples_to_target'] is not None for r in runs)}/{len(runs)}"
+
+
 def _budget(run: RunRecord, at: int) -> float:
     """Samples (at=0) or wall seconds (at=1) at the run's last evaluation; 0 if it has none."""
     return float(run["curve"][-1][at]) if run["curve"] else 0.0

@@ -82,7 +82,7 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
         wall, reached = common.median_to_target(runs, "wall_to_target")
         samples, _ = common.median_to_target(runs, "samples_to_target")
         rows[b] = {"measured_wall": wall, "samples_to_target": samples, "reached": reached,
-                   "seeds_reached": f"{sum(r['wall_to_target'] is not None for r in runs)}/{len(runs)}",
+                   "seeds_reached": common.seeds_reached(runs),
                    "samples_per_second": x,
                    "predicted": time_to_target_score(b, bn, x) if (bn and x) else None}
     measured = {b: r["measured_wall"] for b, r in rows.items() if r["reached"]}
