@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 import yaml
@@ -151,13 +152,34 @@ def cmd_experiment(args) -> int:
     return 0
 
 
+_OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
+_ONE_VALUE = {"--out", "--config", "--max-samples", "--eval-samples", "--target", "--metric"}
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate dotted `key=value` overrides from the options, wherever they stand.
+
+    argparse alone lets a list option (`--seeds 0 1`) swallow an override after it and fail on
+    it; taking them out first lets a user append overrides to any command line. A token that is
+    the value of a one-value option (`--out runs/a=b`) stays with its option.
+    """
+    rest, overrides = [], []
+    for i, tok in enumerate(argv):
+        if _OVERRIDE.match(tok) and not (i and argv[i - 1] in _ONE_VALUE):
+            overrides.append(tok)
+        else:
+            rest.append(tok)
+    return rest, overrides
+
+
 def main(argv=None) -> int:
     parser = _parser()
-    args, rest = parser.parse_known_args(argv)
-    if rest and getattr(args, "command", None) == "experiment" and all("=" in r and not r.startswith("-") for r in rest):
-        args.overrides = list(args.overrides) + rest  # key=value after the options
-    elif rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    rest, overrides = split_overrides(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(rest)
+    if hasattr(args, "overrides"):
+        args.overrides = list(args.overrides) + overrides
+    elif overrides:
+        parser.error(f"unrecognized arguments: {' '.join(overrides)}")
     if args.command == "train":
         return cmd_train(args)
     if args.command == "experiment":

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from launch.cli import main
+from launch.cli import main, split_overrides
 from launch.experiments import batch_invariance, common
 
 
@@ -69,6 +69,22 @@ def test_cli_rejects_a_bad_override(capsys, tmp_path):
     assert "learner.nope" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["experiment", "no-such-experiment"])
+
+
+def test_overrides_may_follow_list_options(capsys, tmp_path):
+    # `--seeds 0 1` used to swallow the override after it and fail as "invalid int value"
+    argv = ["experiment", "batch-invariance", "--seeds", "0", "1", "learner.optimizer.lr=3e-4",
+            "--out", "runs/x.y=1", "--scalings", "sqrt", "run.steps=2"]
+    rest, overrides = split_overrides(argv)
+    assert overrides == ["learner.optimizer.lr=3e-4", "run.steps=2"]
+    assert rest == ["experiment", "batch-invariance", "--seeds", "0", "1", "--out", "runs/x.y=1",
+                    "--scalings", "sqrt"]
+    # and a bad key placed there is still checked against the config, by name
+    assert main(["experiment", "batch-invariance", "--quick", "--out", str(tmp_path), "--seeds", "0",
+                 "learner.nope=1"]) == 2
+    assert "learner.nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", "some-dir", "run.steps=1"])  # eval takes no overrides
 
 
 @pytest.mark.slow
