@@ -9,7 +9,6 @@ Prints one JSON line.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal

@@ -16,8 +16,8 @@ import functools
 import json
 import os
 import signal
-import sys
 import threading
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -129,6 +129,50 @@ def _sglang_engine(cfg: Config, policy, run_dir: str):
                         export_fn=lambda params, d: export_for_server(policy.model_cfg, params, d))
 
 
+class Begin(NamedTuple):
+    """Where a run starts: restored from its newest checkpoint, or fresh."""
+    step0: int
+    state: object  # TrainState, with the checkpoint's arrays when restored
+    restored: bool
+    meta: dict  # the checkpoint's metadata ({} for a fresh run)
+    ledger: SampleLedger
+    stream: PromptStream
+    clock: Clock
+    summary: dict
+
+
+def _begin(cfg: Config, run_dir: str, checkpointer: Checkpointer, state, task, progress: Progress,
+           resume: str, resuming: bool) -> Begin:
+    """Restore the newest complete checkpoint (arrays, ledger with its queued groups, in-flight
+    prompts to re-issue, metrics truncated to the step), or prepare a fresh run directory."""
+    if not resuming:
+        artifacts.prepare_run_dir(cfg, run_dir, overwrite=resume == "auto")
+        return Begin(0, state, False, {}, SampleLedger(), PromptStream(task), Clock(),
+                     {"target_reached_at": None})
+    restored = checkpointer.restore_latest(_arrays(state))
+    if restored is None:
+        raise ConfigError(f"run.resume: no checkpoint in {checkpointer.directory} restores (see the warnings above)")
+    step0, arrays, meta = restored
+    saved_steps = meta["config"]["run"]["steps"]
+    if meta.get("finished") and cfg.run.steps <= max(saved_steps, step0):
+        raise run_state.RunFinished(
+            f"{run_dir} already finished at step {step0} (run.steps={cfg.run.steps}); "
+            "raise run.steps to train further, or start a new run.dir")
+    ledger = SampleLedger.from_state_dict(meta["ledger"])
+    reissue = sorted(set(ledger.in_flight.values()) | set(meta["reissue"]))
+    ledger.in_flight.clear()
+    stream = PromptStream(task, start=meta["stream_position"], reissue=reissue)
+    lines = run_state.truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), step0)
+    summary = dict(meta["summary"])
+    summary.setdefault("resumed_from", []).append(
+        {"step": step0, "queued_restored": len(ledger.queued), "reissued": len(reissue)})
+    artifacts.write_config(cfg, run_dir)
+    progress.message(f"resumed {run_dir} at step {step0} ({lines} metrics lines kept, "
+                     f"{len(ledger.queued)} queued groups restored, {len(reissue)} prompts re-issued)")
+    return Begin(step0, state._replace(**arrays, step=step0), True, meta, ledger, stream,
+                 Clock(offset=meta["wall_time"]), summary)
+
+
 def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_train_step=None,
           controller=None) -> dict:
     """Run one training job; returns the summary also written to RUN_DIR/summary.json.
@@ -160,44 +204,17 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     G = cfg.learner.group_size
     checkpointer = Checkpointer(ckpt_dir, cfg.checkpoint)
 
-    restored = checkpointer.restore_latest(_arrays(state)) if resuming else None
-    if resuming and restored is None:
-        raise ConfigError(f"run.resume: no checkpoint in {ckpt_dir} restores (see the warnings above)")
-    if restored is not None:
-        step0, arrays, meta = restored
-        saved_steps = meta["config"]["run"]["steps"]
-        if meta.get("finished") and cfg.run.steps <= max(saved_steps, step0):
-            raise run_state.RunFinished(
-                f"{run_dir} already finished at step {step0} (run.steps={cfg.run.steps}); "
-                "raise run.steps to train further, or start a new run.dir")
-        state = state._replace(**arrays, step=step0)
-        ledger = SampleLedger.from_state_dict(meta["ledger"])
-        reissue = sorted(set(ledger.in_flight.values()) | set(meta["reissue"]))
-        ledger.in_flight.clear()
-        stream = PromptStream(task, start=meta["stream_position"], reissue=reissue)
-        clock = Clock(offset=meta["wall_time"])
-        lines = run_state.truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), step0)
-        summary = dict(meta["summary"])
-        summary.setdefault("resumed_from", []).append(
-            {"step": step0, "queued_restored": len(ledger.queued), "reissued": len(reissue)})
-        artifacts.write_config(cfg, run_dir)
-        progress.message(f"resumed {run_dir} at step {step0} ({lines} metrics lines kept, "
-                         f"{len(ledger.queued)} queued groups restored, {len(reissue)} prompts re-issued)")
-        sft_metrics, record0 = {}, None
-    else:
-        step0 = 0
-        clock = Clock()
-        artifacts.prepare_run_dir(cfg, run_dir, overwrite=resume == "auto")
-        ledger = SampleLedger()
-        stream = PromptStream(task)
-        summary = {"target_reached_at": None}
+    begin = _begin(cfg, run_dir, checkpointer, state, task, progress, resume, resuming)
+    step0, state, restored, meta = begin.step0, begin.state, begin.restored, begin.meta
+    ledger, stream, clock, summary = begin.ledger, begin.stream, begin.clock, begin.summary
+    sft_metrics = {}
     progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(params):,} params | "
                      f"batch {cfg.learner.batch_size} samples (G={G}) | "
                      f"max_staleness {cfg.actors.max_staleness}")
     # One engine for actors and evaluation: jitted calls are thread-safe, and sharing it means the
     # held-out eval runs the program the actors already compiled.
     engine = JaxEngine(policy.model_cfg, graphdef, cfg.engine, tokenizer.eos_id, tokenizer.pad_id)
-    if restored is None:
+    if not restored:
         params, sft_metrics = supervised_warmup(cfg, logits_fn, state.params, stream, L, tokenizer.pad_id,
                                                 progress)
         ledger.warmup(stream.position)
@@ -222,7 +239,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
                 raise PipelineStopped(f"{a.actor_id} failed: {a.error!r}") from a.error
 
     controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
-    if restored is not None and controller is not None and meta.get("controller") is not None:
+    if restored and controller is not None and meta.get("controller") is not None:
         controller.load_state_dict(meta["controller"])
     loop = LearnerLoop(train_step, transport, gate, weights,
                        LoopSettings(cfg.learner.batch_size, G, cfg.learner.microbatch_size, L,
@@ -230,18 +247,18 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
                        controller=controller,
                        on_concurrency=lambda c: [a.set_concurrency(c) for a in actors], ledger=ledger)
     loop.group_filter = make_group_filter(cfg.learner)  # dynamic sampling (None when off)
-    if restored is not None:
+    if restored:
         loop.samples = meta["samples"]
         loop.dropped = dict(meta["dropped"])
     writer = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"))
-    if restored is None:
+    if not restored:
         record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics,
                    **evaluate(engine, task, state.params, heldout)}
         writer.write(record0)
         progress.message(f"before RL: held-out exact match {record0['eval/exact_match']:.3f}")
 
     last = {"t": clock(), "tokens": 0}
-    samples_before = 0 if restored is None else G * (len(ledger.consumed) + len(ledger.queued) + len(ledger.dropped))
+    samples_before = 0 if not restored else G * (len(ledger.consumed) + len(ledger.queued) + len(ledger.dropped))
 
     def enrich(step, m) -> None:
         """Generation-side measurements, added before the controller sees the step."""

@@ -6,7 +6,6 @@ should be small (acceptance: <= 25%) and visibly smaller than with `none`.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from launch.config import Config

@@ -8,7 +8,6 @@ calls after one untimed call (compilation).
 """
 from __future__ import annotations
 
-import functools
 import os
 import statistics
 import time

@@ -137,7 +137,7 @@ class BatchSizeController:
 
     def decide(self, step: int, metrics: dict) -> Decision:
         """Apply the decision rule now; logs and returns the Decision (a hold changes nothing)."""
-        cfg, b = self.cfg, self.batch_size
+        b = self.batch_size
         ess, clip, stale = self._mean("ess"), self._mean("clip_frac"), self._mean("staleness/mean")
         bn = self.noise.noise_scale
         entry = {"step": step, "batch_size": b, "noise_scale": bn, "ess": ess, "clip_frac": clip,

@@ -11,7 +11,7 @@ import pytest
 from learner.batching import build_microbatches
 from learner.config import LearnerConfig, OptimizerConfig
 from learner.controller import BatchSizeController, ControllerConfig, rescale, scaled_optimizer
-from learner.loop import Decision, LearnerLoop, LoopSettings
+from learner.loop import LearnerLoop, LoopSettings
 from learner.train_step import TrainStep
 from protocols.admission import AdmissionGate
 from protocols.testing import rollout_group

@@ -1,6 +1,5 @@
 """Supervised warm-up: batch layout, answer-only loss vs NumPy, memorisation of a tiny problem."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
