@@ -55,6 +55,18 @@ def test_summary_spread_is_relative_to_the_mean_of_per_batch_medians():
     assert s["sqrt"]["spread"] == pytest.approx(40 / 130)
     assert s["none"]["spread"] is None and not s["none"]["all_reached"]
     assert s["none"]["reached"] == {"16": "1/1", "32": "0/1"} and s["none"]["samples_to_target"]["32"] is None
+    # per seed: 50/125, 10/125, 190/205 -> median 0.4; "none" has no seed that reached at both B
+    assert s["sqrt"]["paired_spread"] == pytest.approx(0.4) and s["sqrt"]["paired_seeds"] == 3
+    assert s["none"]["paired_spread"] is None and s["none"]["paired_seeds"] == 0
+
+
+def test_paired_spread_skips_seeds_that_missed_a_batch_size():
+    recs = [dict(record(16, "sqrt", 0, []), samples_to_target=100),
+            dict(record(32, "sqrt", 0, []), samples_to_target=120),
+            dict(record(16, "sqrt", 1, []), samples_to_target=300),
+            dict(record(32, "sqrt", 1, []), samples_to_target=None),
+            dict(record(16, "sqrt", 2, []), samples_to_target=200)]  # B=32 missing for seed 2
+    assert batch_invariance.paired_spread(recs, (16, 32)) == (pytest.approx(20 / 110), 1)
 
 
 def test_curves_plot_is_written(tmp_path):
