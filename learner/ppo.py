@@ -264,8 +264,24 @@ class PPOTrainStep:
         return self._metric_keys or ()
 
     def set_hyperparams(self, state: PPOState, **values: float) -> PPOState:
-        """New actor Adam hyperparameters (lr/learning_rate, b1, b2, eps); the critic keeps its own."""
-        return state._replace(opt_state=optim.set_hyperparams(state.opt_state, **values))
+        """New actor Adam hyperparameters (lr/learning_rate, b1, b2, eps); the critic follows.
+
+        The critic trains on the same batch, so a batch-size rule applies to it too: it takes the
+        same betas and eps, and its lr keeps its configured ratio to the actor's
+        (critic_lr / optimizer.lr), whatever rule produced the actor's values.
+        """
+        values = dict(values)
+        if "lr" in values:
+            values["learning_rate"] = values.pop("lr")
+        critic = dict(values)
+        if "learning_rate" in critic:
+            critic["learning_rate"] = values["learning_rate"] * self.cfg.ppo.critic_lr / self.cfg.optimizer.lr
+        return state._replace(opt_state=optim.set_hyperparams(state.opt_state, **values),
+                              critic_opt_state=optim.set_hyperparams(state.critic_opt_state, **critic))
+
+    def get_critic_hyperparams(self, state: PPOState) -> dict[str, float]:
+        """The critic's optimizer hyperparameters as host floats."""
+        return optim.get_hyperparams(state.critic_opt_state)
 
     def get_hyperparams(self, state: PPOState) -> dict[str, float]:
         """The actor's optimizer hyperparameters as host floats."""

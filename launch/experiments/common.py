@@ -19,7 +19,7 @@ import yaml
 from launch import config_loader
 from launch.config import Config
 from launch.metrics import read_metrics
-from learner.controller import BatchSizeController, scaled_optimizer
+from learner.controller import BatchSizeController, scaled_learner
 
 RunRecord = dict[str, Any]
 
@@ -34,8 +34,8 @@ def fixed_batch_config(base: Config, batch_size: int, scaling: str, seed: int, *
     """
     lc = base.learner
     mb = max(1, min(lc.microbatch_size, (smallest_batch_size or batch_size) // 2))
-    learner = dataclasses.replace(lc, batch_size=batch_size, microbatch_size=mb, seed=seed,
-                                  optimizer=scaled_optimizer(lc.optimizer, base_batch_size, batch_size, scaling))
+    learner = dataclasses.replace(scaled_learner(lc, base_batch_size, batch_size, scaling),
+                                  batch_size=batch_size, microbatch_size=mb, seed=seed)
     run = dataclasses.replace(base.run, dir=run_dir, steps=max(1, max_samples // batch_size),
                               eval_every=max(1, eval_samples // batch_size), stop_at_exact_match=stop_at,
                               progress=False)

@@ -1,7 +1,7 @@
 """The batch-size controller: measurements, decision rule, square-root rescaling (docs/controller.md)."""
 from learner.controller.config import ControllerConfig
 from learner.controller.controller import BatchSizeController
-from learner.controller.scaling import rescale, scaled_optimizer
+from learner.controller.scaling import rescale, scaled_learner, scaled_optimizer
 
 
 def make_controller(cfg: ControllerConfig, learner_cfg, actors_cfg):
@@ -21,4 +21,4 @@ def make_controller(cfg: ControllerConfig, learner_cfg, actors_cfg):
     return BatchSizeController(cfg, learner_cfg, actors_cfg.num_actors, actors_cfg.max_staleness > 0)
 
 
-__all__ = ["BatchSizeController", "ControllerConfig", "make_controller", "rescale", "scaled_optimizer"]
+__all__ = ["BatchSizeController", "ControllerConfig", "make_controller", "rescale", "scaled_learner", "scaled_optimizer"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from learner.config import OptimizerConfig
+from learner.config import LearnerConfig, OptimizerConfig
 
 HYPERPARAMS = ("learning_rate", "b1", "b2", "eps")
 
@@ -51,3 +51,11 @@ def scaled_optimizer(cfg: OptimizerConfig, base_batch_size: int, batch_size: int
     """`cfg` (tuned at base_batch_size) with the rule's values for batch_size (fixed-B runs)."""
     h = rescale(optimizer_hyper(cfg), batch_size / base_batch_size, scaling)
     return dataclasses.replace(cfg, lr=h["learning_rate"], b1=h["b1"], b2=h["b2"], eps=h["eps"])
+
+
+def scaled_learner(cfg: LearnerConfig, base_batch_size: int, batch_size: int, scaling: str) -> LearnerConfig:
+    """`cfg` (tuned at base_batch_size) with the rule applied to every Adam in it: the policy's,
+    and PPO's critic lr at its configured ratio to the policy's (it trains on the same batch)."""
+    opt = scaled_optimizer(cfg.optimizer, base_batch_size, batch_size, scaling)
+    ppo = dataclasses.replace(cfg.ppo, critic_lr=cfg.ppo.critic_lr * opt.lr / cfg.optimizer.lr)
+    return dataclasses.replace(cfg, optimizer=opt, ppo=ppo)

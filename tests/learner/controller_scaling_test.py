@@ -9,8 +9,8 @@ import optax
 import pytest
 
 from learner.batching import build_microbatches
-from learner.config import LearnerConfig, OptimizerConfig
-from learner.controller import BatchSizeController, ControllerConfig, rescale, scaled_optimizer
+from learner.config import LearnerConfig, OptimizerConfig, PPOConfig
+from learner.controller import BatchSizeController, ControllerConfig, rescale, scaled_learner, scaled_optimizer
 from learner.loop import LearnerLoop, LoopSettings
 from learner.train_step import TrainStep
 from protocols.admission import AdmissionGate
@@ -54,6 +54,15 @@ def test_scaled_optimizer_for_fixed_batch_runs():
     assert (opt.lr, opt.b1, opt.b2, opt.eps) == pytest.approx((2e-3, 0.9**4, 0.99**4, 5e-9))
     with pytest.raises(ValueError, match="scaling"):
         rescale(BASE, 2.0, "cubic")
+
+
+def test_scaled_learner_scales_the_ppo_critic_with_the_policy():
+    lc = LearnerConfig(algorithm="ppo", optimizer=OptimizerConfig(lr=1e-3, b1=0.9, b2=0.99, eps=1e-8),
+                       ppo=PPOConfig(critic_lr=3e-3))
+    for scaling, factor in (("sqrt", 2.0), ("linear", 4.0), ("none", 1.0)):
+        out = scaled_learner(lc, 128, 512, scaling)
+        assert out.optimizer == scaled_optimizer(lc.optimizer, 128, 512, scaling)
+        assert out.ppo.critic_lr == pytest.approx(3e-3 * factor)  # the ratio to the policy's lr kept
 
 
 class GrowCurve:
