@@ -57,5 +57,7 @@ def scaled_learner(cfg: LearnerConfig, base_batch_size: int, batch_size: int, sc
     """`cfg` (tuned at base_batch_size) with the rule applied to every Adam in it: the policy's,
     and PPO's critic lr at its configured ratio to the policy's (it trains on the same batch)."""
     opt = scaled_optimizer(cfg.optimizer, base_batch_size, batch_size, scaling)
+    if cfg.algorithm != "ppo":  # no critic: leave its unused settings as configured
+        return dataclasses.replace(cfg, optimizer=opt)
     ppo = dataclasses.replace(cfg.ppo, critic_lr=cfg.ppo.critic_lr * opt.lr / cfg.optimizer.lr)
     return dataclasses.replace(cfg, optimizer=opt, ppo=ppo)

@@ -63,6 +63,8 @@ def test_scaled_learner_scales_the_ppo_critic_with_the_policy():
         out = scaled_learner(lc, 128, 512, scaling)
         assert out.optimizer == scaled_optimizer(lc.optimizer, 128, 512, scaling)
         assert out.ppo.critic_lr == pytest.approx(3e-3 * factor)  # the ratio to the policy's lr kept
+    grpo = scaled_learner(dataclasses.replace(lc, algorithm="grpo"), 128, 512, "sqrt")
+    assert grpo.ppo == lc.ppo and grpo.optimizer.lr == pytest.approx(2e-3)
 
 
 class GrowCurve:
