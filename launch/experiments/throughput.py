@@ -3,13 +3,13 @@ with the controller's fitted curves (X_gen(c) = c r1 / (1 + c / c_sat); t_step =
 drawn over the measured points.
 
 Generation is timed through Actor.step (one engine call of c prompts x G completions, scored), the
-learner through TrainStep.update on real rollout groups; each point is the median of `repeats` timed
-calls after one untimed call (compilation).
+learner through TrainStep.update on real rollout groups. Each point is a rate over a window after
+one untimed call (compilation): at least `repeats` calls and `min_seconds` of them, total work over
+total time (sampled completion lengths vary from call to call, so work is counted per call).
 """
 from __future__ import annotations
 
 import os
-import statistics
 import time
 
 import jax
@@ -27,21 +27,25 @@ from learner.controller.throughput import GenerationThroughput, LearnerThroughpu
 from learner.factory import make_train_step
 from protocols.weights import InProcessWeights
 
-QUICK = dict(concurrencies=(1, 2, 4, 8), batch_sizes=(16, 32, 64), repeats=2)
-FULL = dict(concurrencies=(1, 2, 4, 8, 16, 32, 64), batch_sizes=(32, 64, 128, 256, 512, 1024), repeats=5)
+QUICK = dict(concurrencies=(1, 2, 4, 8), batch_sizes=(16, 32, 64), repeats=2, min_seconds=0.0)
+FULL = dict(concurrencies=(1, 2, 4, 8, 16, 32, 64), batch_sizes=(32, 64, 128, 256, 512, 1024), repeats=5,
+            min_seconds=2.0)
 
 
-def _timed(fn, repeats: int) -> float:
+def _window(fn, repeats: int, min_seconds: float) -> tuple[float, list]:
+    """(seconds, results) of calls to fn: at least `repeats` calls and `min_seconds`, after one
+    untimed call. Millisecond calls on shared cores need the window, not a median of five."""
     fn()  # compile / warm caches
-    times = []
-    for _ in range(repeats):
+    results, seconds = [], 0.0
+    while len(results) < repeats or seconds < min_seconds:
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        results.append(fn())
+        seconds += time.perf_counter() - t0
+    return seconds, results
 
 
-def measure(base: Config, concurrencies, batch_sizes, repeats: int, log=print) -> dict:
+def measure(base: Config, concurrencies, batch_sizes, repeats: int, min_seconds: float = 0.0,
+            log=print) -> dict:
     """Measured points: generation (c, samples/s, tokens/s) and learner (B, seconds/step, samples/s)."""
     policy = build_policy(base)
     task = make_task(base.task)
@@ -54,12 +58,12 @@ def measure(base: Config, concurrencies, batch_sizes, repeats: int, log=print) -
     gen = []
     for c in concurrencies:
         prompts = stream.take(c)
-        out = {}
-        secs = _timed(lambda: out.setdefault("g", actor.step(prompts)), repeats)
-        tokens = sum(len(x) for g in out["g"] for x in g.completion_tokens)
+        total, calls = _window(lambda: actor.step(prompts), repeats, min_seconds)
+        tokens = sum(len(x) for groups in calls for g in groups for x in g.completion_tokens)
+        secs = total / len(calls)  # per call
         gen.append({"concurrency": c, "seconds": secs, "samples_per_second": c * G / secs,
-                    "tokens_per_second": tokens / secs})
-        log(f"  generation c={c:<4} {c * G / secs:8.1f} samples/s")
+                    "tokens_per_second": tokens / total, "calls": len(calls)})
+        log(f"  generation c={c:<4} {c * G / secs:8.1f} samples/s ({len(calls)} calls)")
     # learner: real groups from the engine, as many as the largest batch needs
     groups = actor.step(stream.take(max(batch_sizes) // G))
     ts = make_train_step(policy.graphdef, base.learner)
@@ -74,9 +78,10 @@ def measure(base: Config, concurrencies, batch_sizes, repeats: int, log=print) -
             _, m = ts.update(state, mbs, stats["num_tokens"])  # update returns host floats: synced
             return m
 
-        secs = _timed(step, repeats)
+        total, calls = _window(step, repeats, min_seconds)
+        secs = total / len(calls)
         learn.append({"batch_size": b, "seconds": secs, "samples_per_second": b / secs,
-                      "tokens_per_second": stats["num_tokens"] / secs})
+                      "tokens_per_second": stats["num_tokens"] / secs, "calls": len(calls)})
         log(f"  learner    B={b:<5} {b / secs:8.1f} samples/s")
     return {"generation": gen, "learner": learn, "group_size": G}
 
@@ -121,7 +126,7 @@ def plot(points, g, lt, path):
 def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
     p = {**(QUICK if quick else FULL), **{k: v for k, v in opts.items() if v is not None and k in QUICK}}
     log(f"throughput ({'quick' if quick else 'full'}): concurrency {p['concurrencies']}, B {p['batch_sizes']}")
-    points = measure(base, p["concurrencies"], p["batch_sizes"], p["repeats"], log=log)
+    points = measure(base, p["concurrencies"], p["batch_sizes"], p["repeats"], p["min_seconds"], log=log)
     g, lt = fit(points)
     r1, c_sat = g.curve()
     t_fix, t_sample = lt.cost()

@@ -154,3 +154,19 @@ def test_train_or_reuse_reuses_only_a_finished_run_of_the_same_config(tmp_path):
     os.remove(summary_path)  # as if killed before it finished
     redone = common.train_or_reuse(cfg, run_dir, None, log=lambda *_: None)
     assert redone["steps"] == 1 and os.path.isfile(os.path.join(run_dir, "summary.json"))
+
+
+@pytest.mark.slow
+def test_throughput_quick_end_to_end(tmp_path, capsys):
+    """Measured rates for every concurrency and batch size, each over >= 2 timed calls, the fitted
+    curves, and the report and plot that show them."""
+    out = tmp_path / "tput"
+    assert main(["experiment", "throughput", "--quick", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    gen, learn = results["points"]["generation"], results["points"]["learner"]
+    assert [p["concurrency"] for p in gen] == [1, 2, 4, 8]
+    assert [p["batch_size"] for p in learn] == [16, 32, 64]
+    for p in gen + learn:
+        assert p["calls"] >= 2 and p["samples_per_second"] > 0 and p["tokens_per_second"] > 0
+    assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Generation fit" in (out / "report.md").read_text()
