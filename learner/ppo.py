@@ -270,12 +270,8 @@ class PPOTrainStep:
         same betas and eps, and its lr keeps its configured ratio to the actor's
         (critic_lr / optimizer.lr), whatever rule produced the actor's values.
         """
-        values = dict(values)
-        if "lr" in values:
-            values["learning_rate"] = values.pop("lr")
-        critic = dict(values)
-        if "learning_rate" in critic:
-            critic["learning_rate"] = values["learning_rate"] * self.cfg.ppo.critic_lr / self.cfg.optimizer.lr
+        ratio = self.cfg.ppo.critic_lr / self.cfg.optimizer.lr
+        critic = {k: v * ratio if k in ("lr", "learning_rate") else v for k, v in values.items()}
         return state._replace(opt_state=optim.set_hyperparams(state.opt_state, **values),
                               critic_opt_state=optim.set_hyperparams(state.critic_opt_state, **critic))
 
