@@ -2,10 +2,20 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from typing import Literal
 
 from actors.sglang.server import CPU_ARGS
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +38,16 @@ class SGLangConfig:
     backoff_s: float = 0.2  # first retry delay; doubles with each failure
     concurrency: int = 16  # requests in flight per server
     heartbeat_s: float = 5.0  # /health_generate (and process liveness) check interval
-    sync: Literal["restart", "disk", "distributed"] = "restart"  # weight sync: restart on a new checkpoint (sglang-jax), /update_weights_from_disk (SGLang), NCCL (not built)
+    sync: Literal["restart", "disk", "distributed"] = "restart"  # weight sync: restart on a new checkpoint (sglang-jax), /update_weights_from_disk or a torch.distributed broadcast (main SGLang)
     sync_every: int = 0  # also sync once servers lag this many versions (0 = only when the staleness bound needs it)
+    # sync="distributed" (actors/sglang/weight_broadcast.py): the learner is rank 0 of a group the servers join.
+    dist_backend: Literal["nccl", "gloo"] = "nccl"  # nccl between GPUs; gloo over TCP (CPU)
+    dist_address: str = "127.0.0.1"  # this learner host's address as the servers reach it; the rendezvous store listens only here
+    dist_port: int = 0  # rendezvous port (0 = a free one for each new group)
+    dist_dtype: str = ""  # dtype sent ("" = the params' own; "bfloat16" for bf16 servers halves the bytes of float32 params)
+    dist_bucket_mb: float = 512.0  # tensors per /update_weights_from_distributed request, by size
+    dist_timeout_s: float = 300.0  # joining the group, and each bucket
+    dist_trusted_network: bool = False  # allow a non-loopback dist_address: torch.distributed does not authenticate peers
 
     def validate(self) -> None:
         for name in ("num_servers", "concurrency"):
@@ -47,8 +65,18 @@ class SGLangConfig:
             raise ValueError(f"urls: each must start with http:// or https://, got {self.urls}")
         if any("=" not in e for e in self.launch_env):
             raise ValueError(f"launch_env: entries must be KEY=VALUE, got {self.launch_env}")
-        if self.sync == "distributed":
-            raise ValueError("sync: 'distributed' (NCCL weight broadcast) is not built yet; use 'disk' or 'restart'")
+        if self.dist_port < 0:
+            raise ValueError(f"dist_port: must be >= 0, got {self.dist_port}")
+        for name in ("dist_bucket_mb", "dist_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.dist_backend not in ("nccl", "gloo"):
+            raise ValueError(f"dist_backend: must be 'nccl' or 'gloo', got {self.dist_backend!r}")
+        if self.dist_dtype not in ("", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dist_dtype: must be '', 'float32', 'bfloat16' or 'float16', got {self.dist_dtype!r}")
+        if self.sync == "distributed" and not self.dist_trusted_network and not _is_loopback(self.dist_address):
+            raise ValueError(f"dist_address: {self.dist_address!r} is not loopback, and torch.distributed does not "
+                             "authenticate its peers; on a trusted private network set dist_trusted_network=true")
         if self.sync == "restart" and self.urls:
             raise ValueError("sync: 'restart' needs servers Cadence launches (empty urls); attached servers "
                              "need 'disk'")

@@ -121,12 +121,14 @@ def _sglang_engine(cfg: Config, policy, run_dir: str):
     """SGLang servers for the actors (held-out eval keeps the JaxEngine on the learner's params)."""
     from actors.sglang.checkpoint import export_for_server
     from actors.sglang.engine import SGLangEngine
+    from learner.models.hf_export import hf_tensors
 
     sg = cfg.actors.sglang
     return SGLangEngine(sg, max_new_tokens=cfg.engine.max_new_tokens, eos_id=policy.tokenizer.eos_id,
                         pad_id=policy.tokenizer.pad_id, temperature=cfg.engine.temperature,
                         top_p=cfg.engine.top_p, work_dir=sg.work_dir or os.path.join(run_dir, "sglang"),
-                        export_fn=lambda params, d: export_for_server(policy.model_cfg, params, d))
+                        export_fn=lambda params, d: export_for_server(policy.model_cfg, params, d),
+                        tensors_fn=lambda params: hf_tensors(policy.model_cfg, params))
 
 
 class Begin(NamedTuple):

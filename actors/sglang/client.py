@@ -133,9 +133,31 @@ class SGLangClient:
 
         Raises ServerHTTPError on an error status, RuntimeError when the server reports failure.
         """
-        body = await self.request("POST", "/update_weights_from_disk",
-                                  {"model_path": model_path, "weight_version": str(version),
-                                   "flush_cache": True, "abort_all_requests": False})
-        if not isinstance(body, dict) or not body.get("success", False):
-            raise RuntimeError(f"{self.base_url}/update_weights_from_disk failed: {body}")
+        return await self._rl_call("/update_weights_from_disk",
+                                   {"model_path": model_path, "weight_version": str(version),
+                                    "flush_cache": True, "abort_all_requests": False})
+
+    async def server_info(self) -> dict:
+        """GET /get_server_info: the server's arguments and state (tp_size, dp_size, weight_version, ...)."""
+        body = await self.request("GET", "/get_server_info")
+        if not isinstance(body, dict):
+            raise MalformedResponse(f"{self.base_url}/get_server_info returned {str(body)[:200]}")
         return body
+
+    async def _rl_call(self, path: str, payload: dict, timeout_s: float | None = None) -> dict:
+        # Main SGLang answers these with {"success": ..., "message": ...}; a failure is also HTTP 400.
+        body = await self.request("POST", path, payload, timeout_s=timeout_s)
+        if not isinstance(body, dict) or not body.get("success", False):
+            raise RuntimeError(f"{self.base_url}{path} failed: {body}")
+        return body
+
+    async def init_weights_update_group(self, payload: dict, timeout_s: float) -> dict:
+        """POST /init_weights_update_group (main sglang): the server's ranks join the learner's group."""
+        return await self._rl_call("/init_weights_update_group", payload, timeout_s)
+
+    async def update_weights_from_distributed(self, payload: dict, timeout_s: float) -> dict:
+        """POST /update_weights_from_distributed: receive one bucket broadcast from rank 0."""
+        return await self._rl_call("/update_weights_from_distributed", payload, timeout_s)
+
+    async def destroy_weights_update_group(self, group_name: str, timeout_s: float = 30.0) -> dict:
+        return await self._rl_call("/destroy_weights_update_group", {"group_name": group_name}, timeout_s)

@@ -16,7 +16,11 @@ server Cadence owns is restarted on the newest exported weights before it serves
 Versions: every row records the version its server held when the request was sent
 (``policy_versions``). Weight sync never changes a server under a running request: the server
 leaves the rotation, its requests finish under the old version, then it restarts (sync="restart",
-sglang-jax) or loads from disk (sync="disk", main sglang's /update_weights_from_disk).
+sglang-jax), loads from disk (sync="disk", main sglang's /update_weights_from_disk) or receives a
+torch.distributed broadcast from the learner (sync="distributed", weight_broadcast.py; every
+server at once, since they share one group). With "distributed", launched servers start from an
+exported checkpoint and a server restarted after a failure waits out of rotation until the next
+sync_weights() broadcasts the newest weights to it.
 
 Behavior logprobs are the server's ``output_token_logprobs``; the comparison with Cadence's JAX
 model (tests/actors/sglang_parity_test.py) states the tolerance that holds.
@@ -39,6 +43,7 @@ from actors.config import SGLangConfig
 from actors.sglang.alignment import Completion, MalformedResponse, MisalignedResponse, parse_completion
 from actors.sglang.client import ServerHTTPError, ServerUnavailable, SGLangClient, completion_request
 from actors.sglang.server import ServerProcess
+from actors.sglang.weight_broadcast import GroupConfigError, broadcast_update, form_group
 
 
 class SGLangResult(NamedTuple):
@@ -75,7 +80,9 @@ class EngineStats:
     http_errors: int = 0
     restarts: int = 0  # owned servers restarted after a failure
     syncs: int = 0  # weight syncs completed
-    sync_seconds: float = 0.0  # total time inside sync_weights (export + restart/load)
+    sync_seconds: float = 0.0  # total time inside sync_weights (export + restart/load/broadcast)
+    sync_bytes: int = 0  # sent by distributed syncs (per server: one broadcast reaches all)
+    sync_failures: int = 0  # distributed sync attempts that failed and were retried or raised
 
 
 def server_env(cfg: SGLangConfig, work_dir: str) -> tuple[str, ...]:
@@ -100,6 +107,7 @@ class _Server:
         self.in_flight = 0
         self.recovering: asyncio.Task | None = None
         self.failed_heartbeats = 0
+        self.awaiting_weights = False  # distributed sync: up, but must get the newest weights before it serves
 
 
 class SGLangEngine:
@@ -109,11 +117,18 @@ class SGLangEngine:
 
     def __init__(self, cfg: SGLangConfig, *, max_new_tokens: int, eos_id: int, pad_id: int,
                  export_fn: Callable[[Any, str], Any], work_dir: str, temperature: float = 1.0,
-                 top_p: float = 1.0):
+                 top_p: float = 1.0, tensors_fn: Callable[[Any], list] | None = None):
         """Args: cfg; max_new_tokens/eos_id/pad_id/temperature/top_p as for JaxEngine; export_fn(params,
-        dir) writes a checkpoint the servers can load; work_dir holds exported versions and logs."""
+        dir) writes a checkpoint the servers can load; work_dir holds exported versions and logs;
+        tensors_fn(params) gives the HF tensors a distributed sync sends (hf_export.hf_tensors)."""
         cfg.validate()
+        if cfg.sync == "distributed" and tensors_fn is None:
+            raise ValueError("sync: 'distributed' needs the engine's tensors_fn (params -> hf_export.hf_tensors)")
         self.cfg = cfg
+        self.tensors_fn = tensors_fn
+        self._group = None  # distributed sync: the weight-update group, and which servers are in it
+        self._group_members: tuple[int, ...] = ()
+        self.synced_version: int | None = None  # newest version a sync brought the servers to
         self.max_new_tokens, self.eos_id, self.pad_id = int(max_new_tokens), int(eos_id), int(pad_id)
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.export_fn = export_fn
@@ -160,7 +175,7 @@ class SGLangEngine:
     def needs_sync(self, version: int, min_version: int | None = None) -> bool:
         """Would sync_weights(…, version, min_version) change the servers?"""
         served = self.served_version
-        if served is None:
+        if served is None or any(s.awaiting_weights for s in self.servers):
             return True
         if served >= version:
             return False
@@ -182,15 +197,98 @@ class SGLangEngine:
             if not self.needs_sync(version, min_version):
                 return False
             t0 = time.perf_counter()
-            out_dir = os.path.join(self.work_dir, f"v{version:06d}")
-            self.export_fn(params, out_dir)
-            old, self.model_dir, self.model_version = self.model_dir, out_dir, version
-            self._call(self._sync_all(out_dir, version))
-            if old and old != out_dir:
-                shutil.rmtree(old, ignore_errors=True)
+            if self.cfg.sync == "distributed":
+                if not self._sync_distributed(params, version):
+                    return False  # only a server still down was waiting
+            else:
+                self._export(params, version)
+                self._call(self._sync_all(self.model_dir, version))
+            self.synced_version = version
             self.stats.syncs += 1
             self.stats.sync_seconds += time.perf_counter() - t0
             return True
+
+    def _export(self, params, version: int) -> None:
+        """Writes version's checkpoint (the one restarts load) and removes the previous one."""
+        out_dir = os.path.join(self.work_dir, f"v{version:06d}")
+        self.export_fn(params, out_dir)
+        old, self.model_dir, self.model_version = self.model_dir, out_dir, version
+        if old and old != out_dir:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _sync_distributed(self, params, version: int) -> bool:
+        """Starts launched servers on a first export, then broadcasts; False when nothing changed."""
+        unstarted = [s for s in self.servers if s.process is not None and s.version is None and s.recovering is None]
+        if unstarted:  # launched servers start from a checkpoint on disk; later versions arrive by broadcast
+            self._export(params, version)
+            self._call(asyncio.gather(*(self._restart(s, self.model_dir, version) for s in unstarted)))
+        return self._call(self._broadcast(params, version)) or bool(unstarted)
+
+    async def _reachable(self) -> tuple[int, ...]:
+        """Servers that answer /health and are not being restarted (the members of a new group)."""
+        candidates = [i for i, s in enumerate(self.servers) if s.recovering is None
+                      and (s.process is None or s.process.alive())]
+        ok = await asyncio.gather(*(self.servers[i].client.health(timeout_s=self.cfg.request_timeout_s)
+                                    for i in candidates))
+        for i, up in zip(candidates, ok):
+            if not up:
+                self._mark_down(self.servers[i])  # back through the heartbeat (attached) or a restart (owned)
+        return tuple(i for i, up in zip(candidates, ok) if up)
+
+    async def _leave_group(self) -> None:
+        """Best effort: the members drop the group, then the learner does (a failed one is just dropped)."""
+        group, members, self._group, self._group_members = self._group, self._group_members, None, ()
+        if group is None:
+            return
+        results = await asyncio.gather(*(self.servers[i].client.destroy_weights_update_group(group.group_name)
+                                         for i in members), return_exceptions=True)
+        if not any(isinstance(r, BaseException) for r in results):
+            group.close()  # nothing can still be blocked inside it
+        # else: a broadcast thread may still wait on a dead peer; it ends at dist_timeout_s.
+
+    async def _broadcast(self, params, version: int) -> bool:
+        """Every reachable server to ``version`` through one group (retried on a failure); False
+        when all of them already held it."""
+        failures = 0
+        while True:
+            members = await self._reachable()
+            if not members:
+                raise SGLangError(f"weight sync to version {version}: no SGLang server answers /health")
+            servers = [self.servers[i] for i in members]
+            if all(s.version == version and not s.awaiting_weights for s in servers):
+                return False
+            await asyncio.gather(*(self._drain(s) for s in servers))
+            clients = [s.client for s in servers]
+            try:
+                if self._group is None or self._group_members != members:
+                    await self._leave_group()
+                    self._group = await form_group(clients, self.cfg)
+                    self._group_members = members
+                self.stats.sync_bytes += await broadcast_update(self._group, clients, self.tensors_fn(params),
+                                                                self.cfg, version)
+            except GroupConfigError as e:
+                raise SGLangError(str(e)) from e
+            except ServerHTTPError as e:
+                if e.status == 404:
+                    raise SGLangError(f"{e} : sync: 'distributed' needs main SGLang's weight-update endpoints "
+                                      "(sglang-jax has none: use sync: 'restart')") from e
+                error = e
+            except (ServerUnavailable, MalformedResponse, RuntimeError, OSError, asyncio.TimeoutError) as e:
+                error = e  # torch's collective errors are RuntimeErrors
+            else:
+                for s in servers:
+                    s.version, s.awaiting_weights, s.ready = version, False, True
+                return True
+            # Partly updated servers must not serve: they wait for the next successful update.
+            self.stats.sync_failures += 1
+            failures += 1
+            for s in servers:
+                s.awaiting_weights = True
+            self._group, self._group_members = None, ()  # a thread may still be blocked in it
+            if failures > self.cfg.retries:
+                raise SGLangError(f"weight sync to version {version} failed {failures} times; last: "
+                                  f"{type(error).__name__}: {error}") from error
+            await asyncio.sleep(self.cfg.backoff_s * 2 ** (failures - 1))
 
     async def _sync_all(self, model_dir: str, version: int) -> None:
         await asyncio.gather(*(self._sync_one(i, model_dir, version) for i in range(len(self.servers))))
@@ -211,11 +309,9 @@ class SGLangEngine:
         await self._drain(server)
         if self.cfg.sync == "restart":
             await self._restart(server, model_dir, version)
-        elif self.cfg.sync == "disk":
+        else:
             await server.client.update_weights_from_disk(model_dir, version)
             server.version, server.ready = version, True
-        else:  # validate() rejects it; kept so a new mode cannot fall through silently
-            raise NotImplementedError(f"sync: {self.cfg.sync!r} is not built")
 
     async def _restart(self, server: _Server, model_dir: str, version: int) -> None:
         server.ready = False
@@ -238,7 +334,7 @@ class SGLangEngine:
     async def _recover(self, server: _Server) -> None:
         try:
             if server.process.alive() and await server.client.health_generate(timeout_s=self.cfg.request_timeout_s):
-                server.ready = True  # a dropped connection, not a dead server
+                server.ready = not server.awaiting_weights  # a dropped connection, not a dead server
                 return
             while True:
                 model_dir, version = self.model_dir, self.model_version
@@ -248,6 +344,10 @@ class SGLangEngine:
                     await asyncio.sleep(self.cfg.backoff_s)
                     continue
                 self.stats.restarts += 1
+                if self.cfg.sync == "distributed" and self.synced_version != version:
+                    # Restarted on the launch checkpoint: the next sync_weights() broadcasts the newest.
+                    server.ready, server.awaiting_weights = False, True
+                    return
                 if self.model_version == version:
                     return
                 # A sync happened while it restarted: bring it to the newest before it serves.
@@ -274,6 +374,10 @@ class SGLangEngine:
                     # An attached server back from the dead rejoins once it answers (disk mode:
                     # after loading the newest weights).
                     if await server.client.health_generate(timeout_s=self.cfg.request_timeout_s):
+                        if self.cfg.sync == "distributed":
+                            server.awaiting_weights = self.synced_version is not None
+                            server.ready = not server.awaiting_weights
+                            continue
                         if self.cfg.sync == "disk" and self.model_dir and server.version != self.model_version:
                             try:
                                 await server.client.update_weights_from_disk(self.model_dir, self.model_version)

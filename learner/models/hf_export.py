@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -39,6 +40,25 @@ def plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list
         shards[-1].append(name)
         used += nbytes
     return shards
+
+
+class HFTensor(NamedTuple):
+    """One checkpoint tensor: its HF name, the param array, and whether HF stores it transposed."""
+
+    name: str
+    value: jax.Array
+    transposed: bool  # a linear kernel: HF's [out, in] is value.T
+
+
+def hf_tensors(cfg: ModelConfig, params: nnx.State) -> list[HFTensor]:
+    """The params as Hugging Face checkpoint tensors, in HF order (a tied lm_head is left out).
+
+    Values stay where they are (device arrays); callers transpose and copy as they need.
+    """
+    flat = [HFTensor(hf_name(p), v.get_value(), is_kernel(p)) for p, v in nnx.to_flat_state(params)]
+    if cfg.tie_embeddings:
+        flat = [t for t in flat if t.name != "lm_head.weight"]
+    return sorted(flat, key=lambda t: _hf_order(t.name))
 
 
 def copy_tokenizer_files(source: str, out_dir: str) -> list[str]:
@@ -77,19 +97,16 @@ def export_checkpoint(cfg: ModelConfig, params: nnx.State, out_dir: str, *, sour
     for stale in os.listdir(out_dir):  # shards of an earlier export would confuse a glob-based loader
         if stale.startswith("model") and stale.endswith(".safetensors"):
             os.remove(os.path.join(out_dir, stale))
-    flat = {hf_name(p): (p, v.get_value()) for p, v in nnx.to_flat_state(params)}
-    if cfg.tie_embeddings:
-        flat.pop("lm_head.weight", None)
-    names = sorted(flat, key=_hf_order)
-    shards = plan_shards([(n, flat[n][1].nbytes) for n in names], max_shard_bytes)
+    flat = {t.name: t for t in hf_tensors(cfg, params)}
+    shards = plan_shards([(n, t.value.nbytes) for n, t in flat.items()], max_shard_bytes)
     files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map, total = {}, 0
     for file, shard in zip(files, shards):
         tensors = {}
         for name in shard:
-            p, value = flat[name]
-            host = np.asarray(jax.device_get(value))
-            tensors[name] = np.ascontiguousarray(host.T) if is_kernel(p) else host
+            t = flat[name]
+            host = np.asarray(jax.device_get(t.value))
+            tensors[name] = np.ascontiguousarray(host.T) if t.transposed else host
             weight_map[name] = file
             total += host.nbytes
         save_file(tensors, os.path.join(out_dir, file), metadata={"format": "pt"})

@@ -20,11 +20,12 @@ from actors.prompt_stream import PromptStream
 from actors.sglang.alignment import parse_completion
 from actors.sglang.checkpoint import export_for_server
 from actors.sglang.client import completion_request
-from actors.sglang.engine import GenerationAborted, SGLangEngine
+from actors.sglang.engine import GenerationAborted, SGLangEngine, SGLangError
 from actors.sglang.testing import SKIP_REASON, sglang_python, tiny_server_model
 from actors.tasks.base import make_task
 from actors.tasks.config import TaskConfig
 from learner.algorithms.logprobs import token_logprobs_and_entropy
+from learner.models.hf_export import hf_tensors
 from learner.models.llama import forward, init_params
 from protocols.admission import AdmissionGate
 from protocols.ledger import SampleLedger
@@ -174,6 +175,22 @@ def test_pause_and_continue_generation(engine, model):
     _, graphdef, params = model
     ref, _ = jax_logprobs(graphdef, params[engine.served_version], prompt, completion.tokens)
     np.testing.assert_allclose(completion.logprobs, ref, atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_distributed_sync_with_sglang_jax_fails_naming_the_missing_endpoint(engine, model, tmp_path):
+    """sglang-jax has no weight-update endpoints: sync="distributed" must say so, and leave the server serving."""
+    cfg, _, params = model
+    sg = SGLangConfig(urls=(engine.servers[0].client.base_url,), sync="distributed", dist_backend="gloo",
+                      dist_timeout_s=5.0, request_timeout_s=60.0)
+    attached = SGLangEngine(sg, max_new_tokens=MAX_NEW, eos_id=EOS, pad_id=PAD, work_dir=str(tmp_path),
+                            export_fn=lambda p, d: None, tensors_fn=lambda p: hf_tensors(cfg, p))
+    try:
+        with pytest.raises(SGLangError, match="HTTP 404.*sglang-jax has none"):
+            attached.sync_weights(params[0], 0)
+    finally:
+        attached.close()
+    prompts = prompts_for(2, seed=5)
+    assert_matches_model(model, engine.generate(None, prompts, None, greedy=True), prompts)
 
 
 def test_weight_change_in_restart_mode_labels_each_row_with_its_version(engine, model):

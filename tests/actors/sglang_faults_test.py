@@ -206,7 +206,7 @@ def test_closed_port_is_unavailable():
 
 def test_config_validation_names_the_field(monkeypatch):
     monkeypatch.delenv("CADENCE_SGLANG_PYTHON", raising=False)
-    for kw, field in [({"sync": "distributed"}, "sync"), ({"urls": ("http://h:1",)}, "sync"),
+    for kw, field in [({"urls": ("http://h:1",)}, "sync"),
                       ({"urls": ("h:1",), "sync": "disk"}, "urls"), ({"concurrency": 0}, "concurrency"),
                       ({"launch_env": ("X",)}, "launch_env"), ({"request_timeout_s": 0.0}, "request_timeout_s")]:
         with pytest.raises(ValueError, match=f"^{field}:"):

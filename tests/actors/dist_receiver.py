@@ -1,0 +1,118 @@
+"""A STAND-IN for main SGLang's weight-update receiver, for tests of sync="distributed" on CPU.
+
+Main SGLang cannot start on these machines (its kernels need CUDA; ../shared/notes/sglang.md) and
+sglang-jax has no update endpoints, so this process plays the server side of the protocol the way
+SGLang's ModelRunner does it: /init_weights_update_group joins a torch.distributed group at rank
+rank_offset (+ tp_rank 0) through the learner's TCP rendezvous store; /update_weights_from_distributed
+allocates (names, dtypes, shapes), receives each tensor by a broadcast from rank 0 in that order,
+and loads them by name, here into a real transformers LlamaForCausalLM. The transport, the names
+and the layout are real; that main SGLang accepts them is checked only by benchmarks/gpu_sglang.sh
+on a GPU.
+
+    python tests/actors/dist_receiver.py --model-dir DIR --port P
+
+/stand_in/logits (test only) returns the model's logits so a test can compare them with Cadence's
+JAX model; /get_server_info reports weight_version like SGLang does.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+
+import torch
+import torch.distributed as dist
+from aiohttp import web
+from torch.distributed import distributed_c10d as c10d
+from transformers import AutoModelForCausalLM
+
+
+class Receiver:
+    def __init__(self, model_dir: str):
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+        self.groups: dict[str, object] = {}
+        self.weight_version = "default"
+        self.updates = 0
+
+    def init_group(self, req: dict) -> None:
+        timeout = datetime.timedelta(seconds=120)
+        rank, world = int(req["rank_offset"]), int(req["world_size"])
+        store, rank, world = next(c10d.rendezvous(f"tcp://{req['master_address']}:{req['master_port']}",
+                                                  rank, world, timeout=timeout))
+        store.set_timeout(timeout)
+        store = c10d.PrefixStore(req["group_name"], store)
+        pg, _ = c10d._new_process_group_helper(world, rank, [], c10d.Backend(req.get("backend", "nccl")), store,
+                                               group_name=req["group_name"], timeout=timeout)
+        c10d._world.pg_group_ranks[pg] = {i: i for i in range(world)}
+        self.groups[req["group_name"]] = pg
+
+    def update(self, req: dict) -> None:
+        pg = self.groups[req["group_name"]]
+        weights, works = [], []
+        for name, dtype, shape in zip(req["names"], req["dtypes"], req["shapes"]):
+            w = torch.empty(shape, dtype=getattr(torch, dtype))
+            works.append(dist.broadcast(w, src=0, group=pg, async_op=True))
+            weights.append((name, w))
+        for w in works:
+            w.wait()
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, w in weights:
+                if name not in params:
+                    raise KeyError(f"unknown parameter {name}")
+                if tuple(params[name].shape) != tuple(w.shape):
+                    raise ValueError(f"{name}: shape {tuple(w.shape)} != {tuple(params[name].shape)}")
+                params[name].copy_(w)  # casts, as SGLang's weight loaders do
+        if "weight_version" in req:
+            self.weight_version = req["weight_version"]
+        self.updates += 1
+
+    def destroy(self, req: dict) -> None:
+        dist.destroy_process_group(self.groups.pop(req["group_name"]))
+
+
+def make_app(receiver: Receiver) -> web.Application:
+    async def ok(_):
+        return web.json_response({"success": True})
+
+    async def server_info(_):
+        return web.json_response({"tp_size": 1, "dp_size": 1, "pp_size": 1,
+                                  "weight_version": receiver.weight_version, "updates": receiver.updates})
+
+    def call(fn):
+        async def handler(request):
+            req = await request.json()
+            try:
+                await asyncio.to_thread(fn, req)
+            except Exception as e:  # noqa: BLE001 - SGLang also answers failures with success: false
+                return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"})
+            return web.json_response({"success": True, "message": "ok"})
+        return handler
+
+    async def logits(request):
+        ids = torch.tensor((await request.json())["input_ids"])
+        with torch.no_grad():
+            out = receiver.model(input_ids=ids).logits
+        return web.json_response({"logits": out.tolist()})
+
+    app = web.Application(client_max_size=1 << 26)
+    app.add_routes([web.get("/health", ok), web.get("/health_generate", ok), web.get("/get_server_info", server_info),
+                    web.post("/init_weights_update_group", call(receiver.init_group)),
+                    web.post("/update_weights_from_distributed", call(receiver.update)),
+                    web.post("/destroy_weights_update_group", call(receiver.destroy)),
+                    web.post("/pause_generation", ok), web.post("/continue_generation", ok),
+                    web.post("/stand_in/logits", logits)])
+    return app
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    web.run_app(make_app(Receiver(args.model_dir)), host="127.0.0.1", port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()
