@@ -221,8 +221,11 @@ class SGLangEngine:
         unstarted = [s for s in self.servers if s.process is not None and s.version is None and s.recovering is None]
         if unstarted:  # launched servers start from a checkpoint on disk; later versions arrive by broadcast
             self._export(params, version)
-            self._call(asyncio.gather(*(self._restart(s, self.model_dir, version) for s in unstarted)))
+            self._call(self._start_all(unstarted, self.model_dir, version))
         return self._call(self._broadcast(params, version)) or bool(unstarted)
+
+    async def _start_all(self, servers: list[_Server], model_dir: str, version: int) -> None:
+        await asyncio.gather(*(self._restart(s, model_dir, version) for s in servers))
 
     async def _reachable(self) -> tuple[int, ...]:
         """Servers that answer /health and are not being restarted (the members of a new group)."""

@@ -9,7 +9,8 @@ and loads them by name, here into a real transformers LlamaForCausalLM. The tran
 and the layout are real; that main SGLang accepts them is checked only by benchmarks/gpu_sglang.sh
 on a GPU.
 
-    python tests/actors/dist_receiver.py --model-dir DIR --port P
+    python tests/actors/dist_receiver.py --model-path DIR --port P   (or launched by the engine:
+    launch_module="tests.actors.dist_receiver" with the repository on PYTHONPATH)
 
 /stand_in/logits (test only) returns the model's logits so a test can compare them with Cadence's
 JAX model; /get_server_info reports weight_version like SGLang does.
@@ -106,12 +107,13 @@ def make_app(receiver: Receiver) -> web.Application:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model-dir", required=True)
+    ap = argparse.ArgumentParser()  # the arguments Cadence launches a server with (ServerProcess.command)
+    ap.add_argument("--model-path", "--model-dir", dest="model_path", required=True)
+    ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    web.run_app(make_app(Receiver(args.model_dir)), host="127.0.0.1", port=args.port, print=None)
+    web.run_app(make_app(Receiver(args.model_path)), host=args.host, port=args.port, print=None)
 
 
 if __name__ == "__main__":

@@ -221,3 +221,37 @@ def test_jax_arrays_reach_torch_without_a_copy():
     assert t.data_ptr() == x.unsafe_buffer_pointer()  # DLPack shares the buffer
     (_, tt), = bucket_tensors([HFTensor("x", x, True)], None, "gloo")
     np.testing.assert_array_equal(tt.numpy(), np.asarray(x).T)
+
+
+def test_a_launched_server_restarted_after_a_kill_waits_out_of_rotation_for_the_newest_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sg = SGLangConfig(launch_python=sys.executable, launch_module="tests.actors.dist_receiver", launch_args=(),
+                      launch_env=(f"PYTHONPATH={root}", "JAX_PLATFORMS=cpu"), compile_cache=False,
+                      sync="distributed", dist_backend="gloo", dist_timeout_s=30.0, heartbeat_s=0.3,
+                      request_timeout_s=10.0, backoff_s=0.05, startup_timeout_s=120.0)
+    graphdef, v0 = init_params(CK, 30)
+    _, v1 = init_params(CK, 31)
+    eng = SGLangEngine(sg, max_new_tokens=4, eos_id=2, pad_id=0, work_dir=str(tmp_path / "engine"),
+                       export_fn=lambda p, d: export_checkpoint(CK, p, d), tensors_fn=lambda p: hf_tensors(CK, p))
+    server = eng.servers[0]
+    port = server.process.port
+    try:
+        assert eng.sync_weights(v0, 0)  # launched on the exported v0 (loaded from disk)
+        np.testing.assert_allclose(_logits(port), _jax_logits(graphdef, v0), atol=LOGITS_ATOL)
+        assert eng.sync_weights(v1, 1) and eng.stats.sync_bytes > 0  # v1 arrives by broadcast
+        np.testing.assert_allclose(_logits(port), _jax_logits(graphdef, v1), atol=LOGITS_ATOL)
+
+        server.process.kill()
+        deadline = time.monotonic() + 120
+        while not (server.awaiting_weights and server.recovering is None):
+            assert time.monotonic() < deadline, "the killed server was not restarted"
+            time.sleep(0.1)
+        assert eng.stats.restarts == 1 and server.process.alive() and not server.ready
+        np.testing.assert_allclose(_logits(port), _jax_logits(graphdef, v0), atol=LOGITS_ATOL)  # the launch checkpoint
+        assert eng.needs_sync(1, 0)  # even though v1 is within any staleness bound
+        assert eng.sync_weights(v1, 1)
+        assert server.ready and server.version == 1 and not server.awaiting_weights
+        np.testing.assert_allclose(_logits(port), _jax_logits(graphdef, v1), atol=LOGITS_ATOL)
+    finally:
+        eng.close()
