@@ -16,7 +16,7 @@ ModelRunner.update_weights_from_distributed).
 
 JAX arrays reach torch through DLPack: on a GPU without a copy, on the learner's device. Per
 bucket, linear kernels are transposed (HF stores [out, in]) and cast to the servers' dtype, so an
-update holds at most one bucket of extra memory.
+update holds at most two buckets of extra memory (one sent, the next being prepared).
 
 Security: torch.distributed does not authenticate its peers. The rendezvous store listens only on
 ``address`` (loopback by default); NCCL and gloo open their own sockets on the interface they pick.
@@ -237,15 +237,19 @@ async def broadcast_update(group: UpdateGroup, clients: Sequence, tensors: Seque
                            version: int) -> int:
     """Sends every tensor to every server, a bucket at a time; returns the bytes sent.
 
-    The last bucket carries weight_version and flush_cache. A failure leaves the servers partly
-    updated: the caller must not let them serve until an update succeeds.
+    The last bucket carries weight_version and flush_cache; the next bucket is prepared while one
+    is sent (at most two buckets of extra memory). A failure leaves the servers partly updated:
+    the caller must not let them serve until an update succeeds.
     """
     dtype = cfg.dist_dtype or None
     buckets = plan_buckets(tensors, int(cfg.dist_bucket_mb * (1 << 20)), dtype)
     sent = 0
-    for k, bucket in enumerate(buckets):
-        pairs = await in_thread(bucket_tensors, bucket, dtype, cfg.dist_backend)
+    ready = in_thread(bucket_tensors, buckets[0], dtype, cfg.dist_backend)
+    for k in range(len(buckets)):
+        pairs = await ready
         last = k == len(buckets) - 1
+        if not last:  # the next bucket's transposes and casts overlap this one's transfer
+            ready = in_thread(bucket_tensors, buckets[k + 1], dtype, cfg.dist_backend)
         payload = update_request(pairs, group.group_name, version=version if last else None, flush_cache=last)
         await all_or_first_error([in_thread(group.broadcast, pairs),
                                   *(c.update_weights_from_distributed(payload, cfg.dist_timeout_s) for c in clients)])
