@@ -12,6 +12,7 @@ with a final checkpoint and exit code 0.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -273,6 +274,8 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         m["actors/concurrency"] = actors[0].prompts_per_call
         # cumulative over the run's life (a resumed run starts from what its checkpoint had produced)
         m["actors/samples"] = samples_before + sum(a.stats.samples for a in actors)
+        if cfg.actors.engine == "sglang":  # cumulative counters: re-issues, misaligned responses, restarts, syncs
+            m.update({f"sglang/{k}": v for k, v in dataclasses.asdict(actor_engine.stats).items()})
         last.update(t=now, tokens=tokens)
 
     loop.enrich = enrich

@@ -13,13 +13,16 @@ on a GPU.
     launch_module="tests.actors.dist_receiver" with the repository on PYTHONPATH)
 
 /stand_in/logits (test only) returns the model's logits so a test can compare them with Cadence's
-JAX model; /get_server_info reports weight_version like SGLang does.
+JAX model; /get_server_info reports weight_version like SGLang does; /generate samples from the
+model (input_ids, temperature, max_new_tokens, stop_token_ids; top_p 1 only) and answers in
+SGLang's response format, so a whole `cadence train` run can use it.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import datetime
+import threading
 
 import torch
 import torch.distributed as dist
@@ -34,6 +37,7 @@ class Receiver:
         self.groups: dict[str, object] = {}
         self.weight_version = "default"
         self.updates = 0
+        self.lock = threading.Lock()  # weights change only between generations
 
     def init_group(self, req: dict) -> None:
         timeout = datetime.timedelta(seconds=120)
@@ -57,7 +61,7 @@ class Receiver:
         for w in works:
             w.wait()
         params = dict(self.model.named_parameters())
-        with torch.no_grad():
+        with torch.no_grad(), self.lock:
             for name, w in weights:
                 if name not in params:
                     raise KeyError(f"unknown parameter {name}")
@@ -67,6 +71,32 @@ class Receiver:
         if "weight_version" in req:
             self.weight_version = req["weight_version"]
         self.updates += 1
+
+    def generate(self, req: dict) -> dict:
+        sp = req.get("sampling_params", {})
+        if sp.get("top_p", 1.0) < 1.0:
+            raise ValueError("the stand-in samples with top_p 1 only")
+        temperature, stops = float(sp.get("temperature", 1.0)), set(sp.get("stop_token_ids") or [])
+        x, past, out, finish = torch.tensor([req["input_ids"]]), None, [], "length"
+        with torch.no_grad(), self.lock:
+            for _ in range(int(sp["max_new_tokens"])):
+                o = self.model(input_ids=x, past_key_values=past, use_cache=True)
+                past, logits = o.past_key_values, o.logits[0, -1].double()
+                if temperature == 0:
+                    tok = int(logits.argmax())
+                    lp = float(torch.log_softmax(logits, -1)[tok])
+                else:  # SGLang reports log_softmax(logits / T)
+                    logp = torch.log_softmax(logits / temperature, -1)
+                    tok = int(torch.multinomial(logp.exp(), 1))
+                    lp = float(logp[tok])
+                out.append((min(lp, 0.0), tok))
+                x = torch.tensor([[tok]])
+                if tok in stops:
+                    finish = "stop"
+                    break
+        return {"output_ids": [t for _, t in out], "meta_info": {
+            "output_token_logprobs": [[lp, t, None] for lp, t in out], "completion_tokens": len(out),
+            "finish_reason": {"type": finish}, "weight_version": self.weight_version}}
 
     def destroy(self, req: dict) -> None:
         dist.destroy_process_group(self.groups.pop(req["group_name"]))
@@ -90,6 +120,9 @@ def make_app(receiver: Receiver) -> web.Application:
             return web.json_response({"success": True, "message": "ok"})
         return handler
 
+    async def generate(request):
+        return web.json_response(await asyncio.to_thread(receiver.generate, await request.json()))
+
     async def logits(request):
         ids = torch.tensor((await request.json())["input_ids"])
         with torch.no_grad():
@@ -102,6 +135,7 @@ def make_app(receiver: Receiver) -> web.Application:
                     web.post("/update_weights_from_distributed", call(receiver.update)),
                     web.post("/destroy_weights_update_group", call(receiver.destroy)),
                     web.post("/pause_generation", ok), web.post("/continue_generation", ok),
+                    web.post("/generate", generate), web.post("/abort_request", ok),
                     web.post("/stand_in/logits", logits)])
     return app
 

@@ -60,3 +60,4 @@ def test_cli_train_with_sglang_engine_improves_reward(tmp_path):
     assert 2 <= starts <= STEPS // STALENESS + 2, starts
     rewards = [r["reward/mean"] for r in rows[1:]]
     assert np.isfinite(rewards).all()
+    assert rows[-1]["sglang/syncs"] >= 2 and rows[-1]["sglang/completions"] >= STEPS * 64  # engine counters in the metrics
