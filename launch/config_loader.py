@@ -72,6 +72,10 @@ def coerce(key: str, hint, value: Any) -> Any:
         raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
     if origin is Literal:
         choices = typing.get_args(hint)
+        if isinstance(value, bool) and value not in choices:
+            # YAML 1.1 reads yes/no/on/off as booleans: `run.resume=no` means the choice "no".
+            words = ("yes", "true", "on") if value else ("no", "false", "off")
+            value = next((c for c in choices if isinstance(c, str) and c.lower() in words), value)
         if value not in choices:
             raise ConfigError(f"{key}: {value!r} is not {_type_name(hint)}")
         return value

@@ -22,6 +22,17 @@ def test_defaults_validate_and_overrides_apply(tmp_path):
     assert cfg.task.name == "add_reversed"
 
 
+def test_yaml_yes_and_no_mean_the_choices_of_that_name(tmp_path):
+    # YAML 1.1 reads no/yes as booleans; run.resume's choices are the strings "no"/"auto"/"yes".
+    assert load_config(overrides=["run.resume=no"]).run.resume == "no"
+    assert load_config(overrides=["run.resume=yes"]).run.resume == "yes"
+    f = tmp_path / "c.yaml"
+    f.write_text("run:\n  resume: no\n")
+    assert load_config([str(f)]).run.resume == "no"
+    with pytest.raises(ConfigError, match="^actors.sglang.sync: True"):  # no choice of that meaning
+        load_config(overrides=["actors.sglang.sync=yes"])
+
+
 def test_scientific_notation_and_lists():
     assert parse_override("learner.optimizer.lr=1e-3") == ("learner.optimizer.lr", 1e-3)
     cfg = load_config(overrides=["engine.batch_buckets=[8, 64, 256]"])
