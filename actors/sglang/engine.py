@@ -238,16 +238,19 @@ class SGLangEngine:
                 self._mark_down(self.servers[i])  # back through the heartbeat (attached) or a restart (owned)
         return tuple(i for i, up in zip(candidates, ok) if up)
 
-    async def _leave_group(self) -> None:
-        """Best effort: the members drop the group, then the learner does (a failed one is just dropped)."""
+    async def _leave_group(self, failed: bool = False) -> None:
+        """Best effort: the members drop the group, then the learner does.
+
+        After a failure (or when a member does not answer) the learner's side is only dropped: a
+        broadcast thread may still wait inside it on a dead peer, until dist_timeout_s.
+        """
         group, members, self._group, self._group_members = self._group, self._group_members, None, ()
         if group is None:
             return
         results = await asyncio.gather(*(self.servers[i].client.destroy_weights_update_group(group.group_name)
                                          for i in members), return_exceptions=True)
-        if not any(isinstance(r, BaseException) for r in results):
-            group.close()  # nothing can still be blocked inside it
-        # else: a broadcast thread may still wait on a dead peer; it ends at dist_timeout_s.
+        if not failed and not any(isinstance(r, BaseException) for r in results):
+            group.close()
 
     async def _broadcast(self, params, version: int) -> bool:
         """Every reachable server to ``version`` through one group (retried on a failure); False
@@ -287,7 +290,7 @@ class SGLangEngine:
             failures += 1
             for s in servers:
                 s.awaiting_weights = True
-            self._group, self._group_members = None, ()  # a thread may still be blocked in it
+            await self._leave_group(failed=True)
             if failures > self.cfg.retries:
                 raise SGLangError(f"weight sync to version {version} failed {failures} times; last: "
                                   f"{type(error).__name__}: {error}") from error
