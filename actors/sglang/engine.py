@@ -235,7 +235,13 @@ class SGLangEngine:
                                     for i in candidates))
         for i, up in zip(candidates, ok):
             if not up:
-                self._mark_down(self.servers[i])  # back through the heartbeat (attached) or a restart (owned)
+                server = self.servers[i]
+                if server.process is None:
+                    # Not waited for while down (no health check per sync); the heartbeat sets it
+                    # waiting again when the server answers. An owned one keeps the flag: its recovery
+                    # must not put partly updated weights back in rotation.
+                    server.awaiting_weights = False
+                self._mark_down(server)  # back through the heartbeat (attached) or a restart (owned)
         return tuple(i for i, up in zip(candidates, ok) if up)
 
     async def _leave_group(self, failed: bool = False) -> None:
