@@ -108,6 +108,7 @@ class _Server:
         self.recovering: asyncio.Task | None = None
         self.failed_heartbeats = 0
         self.awaiting_weights = False  # distributed sync: up, but must get the newest weights before it serves
+        self.down = False  # did not answer; left out of served_version until it serves again
 
 
 class SGLangEngine:
@@ -167,9 +168,9 @@ class SGLangEngine:
 
     @property
     def served_version(self) -> int | None:
-        """The oldest version any server holds (None before the first sync)."""
-        versions = [s.version for s in self.servers]
-        return None if any(v is None for v in versions) else min(versions)
+        """The oldest version any server that is not down holds (None before the first sync)."""
+        versions = [s.version for s in self.servers if not s.down]
+        return None if not versions or any(v is None for v in versions) else min(versions)
 
     # -- weight sync ------------------------------------------------------------------------------
     def needs_sync(self, version: int, min_version: int | None = None) -> bool:
@@ -289,7 +290,7 @@ class SGLangEngine:
                 error = e  # torch's collective errors are RuntimeErrors
             else:
                 for s in servers:
-                    s.version, s.awaiting_weights, s.ready = version, False, True
+                    s.version, s.awaiting_weights, s.ready, s.down = version, False, True, False
                 return True
             # Partly updated servers must not serve: they wait for the next successful update.
             self.stats.sync_failures += 1
@@ -304,6 +305,8 @@ class SGLangEngine:
 
     async def _sync_all(self, model_dir: str, version: int) -> None:
         await asyncio.gather(*(self._sync_one(i, model_dir, version) for i in range(len(self.servers))))
+        if not any(s.ready or s.recovering is not None for s in self.servers):
+            raise SGLangError(f"weight sync to version {version}: no SGLang server answered")
 
     async def _drain(self, server: _Server) -> None:
         """Out of rotation; wait until its running requests finish (under the old version)."""
@@ -322,8 +325,12 @@ class SGLangEngine:
         if self.cfg.sync == "restart":
             await self._restart(server, model_dir, version)
         else:
-            await server.client.update_weights_from_disk(model_dir, version)
-            server.version, server.ready = version, True
+            try:
+                await server.client.update_weights_from_disk(model_dir, version)
+            except ServerUnavailable:  # dead: out of rotation; the heartbeat loads the newest when it is back
+                self._mark_down(server)
+                return
+            server.version, server.ready, server.down = version, True, False
 
     async def _restart(self, server: _Server, model_dir: str, version: int) -> None:
         server.ready = False
@@ -334,12 +341,12 @@ class SGLangEngine:
         else:
             await asyncio.to_thread(proc.start, model_dir)
         await asyncio.to_thread(proc.wait_healthy, self.cfg.startup_timeout_s)
-        server.version, server.ready, server.failed_heartbeats = version, True, 0
+        server.version, server.ready, server.failed_heartbeats, server.down = version, True, 0, False
 
     # -- failures ---------------------------------------------------------------------------------
     def _mark_down(self, server: _Server) -> None:
         """Out of rotation; an owned server is restarted on the newest weights."""
-        server.ready = False
+        server.ready, server.down = False, True
         if server.process is not None and server.recovering is None and self.model_dir is not None:
             server.recovering = asyncio.ensure_future(self._recover(server))
 
@@ -347,6 +354,7 @@ class SGLangEngine:
         try:
             if server.process.alive() and await server.client.health_generate(timeout_s=self.cfg.request_timeout_s):
                 server.ready = not server.awaiting_weights  # a dropped connection, not a dead server
+                server.down = False
                 return
             while True:
                 model_dir, version = self.model_dir, self.model_version
@@ -358,6 +366,7 @@ class SGLangEngine:
                 self.stats.restarts += 1
                 if self.cfg.sync == "distributed" and self.synced_version != version:
                     # Restarted on the launch checkpoint: the next sync_weights() broadcasts the newest.
+                    # Not down: its old version must count until then.
                     server.ready, server.awaiting_weights = False, True
                     return
                 if self.model_version == version:
@@ -388,7 +397,7 @@ class SGLangEngine:
                     if await server.client.health_generate(timeout_s=self.cfg.request_timeout_s):
                         if self.cfg.sync == "distributed":
                             server.awaiting_weights = self.synced_version is not None
-                            server.ready = not server.awaiting_weights
+                            server.ready, server.down = not server.awaiting_weights, False
                             continue
                         if self.cfg.sync == "disk" and self.model_dir and server.version != self.model_version:
                             try:
@@ -396,7 +405,7 @@ class SGLangEngine:
                                 server.version = self.model_version
                             except (ServerUnavailable, ServerHTTPError, RuntimeError):
                                 continue
-                        server.ready = True
+                        server.ready, server.down = True, False
 
     # -- generation -------------------------------------------------------------------------------
     async def _pick(self) -> int:

@@ -227,3 +227,31 @@ def test_launched_servers_share_a_compilation_cache_unless_configured_otherwise(
     own = SGLangConfig(launch_env=("JAX_PLATFORMS=cpu", "JAX_COMPILATION_CACHE_DIR=/mine"))
     assert [e for e in server_env(own, str(tmp_path)) if "CACHE" in e] == ["JAX_COMPILATION_CACHE_DIR=/mine"]
     assert server_env(SGLangConfig(compile_cache=False), str(tmp_path)) == ("JAX_PLATFORMS=cpu",)
+
+
+def test_disk_sync_goes_on_with_the_servers_that_answer(fake, tmp_path):
+    """One attached server on a closed port (a real refusal, no fake needed) must not stop the others
+    from syncing and serving; with every server dead the sync fails loudly."""
+    good = fake([body([5, 2], [-0.1, -0.2], reason="stop")])
+    dead = f"http://127.0.0.1:{free_port()}"
+    cfg = SGLangConfig(urls=(good.url, dead), sync="disk", backoff_s=0.0, heartbeat_s=60.0, request_timeout_s=5.0)
+    eng = SGLangEngine(cfg, max_new_tokens=4, eos_id=2, pad_id=0, work_dir=str(tmp_path),
+                       export_fn=lambda params, d: None)
+    try:
+        assert eng.sync_weights("p", 1)
+        assert [(s.ready, s.version) for s in eng.servers] == [(True, 1), (False, None)]
+        assert eng.served_version == 1  # the dead one does not hold the version back
+        result = eng.generate(None, [[1, 5], [1, 6]], None)
+        assert result.policy_versions.tolist() == [1, 1] and good.calls == 2
+        assert not eng.needs_sync(1) and eng.needs_sync(2)
+    finally:
+        eng.close()
+
+    cfg = SGLangConfig(urls=(dead,), sync="disk", backoff_s=0.0, heartbeat_s=60.0, request_timeout_s=5.0)
+    eng = SGLangEngine(cfg, max_new_tokens=4, eos_id=2, pad_id=0, work_dir=str(tmp_path),
+                       export_fn=lambda params, d: None)
+    try:
+        with pytest.raises(SGLangError, match="no SGLang server answered"):
+            eng.sync_weights("p", 1)
+    finally:
+        eng.close()
