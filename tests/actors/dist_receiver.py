@@ -16,12 +16,19 @@ on a GPU.
 JAX model; /get_server_info reports weight_version like SGLang does; /generate samples from the
 model (input_ids, temperature, max_new_tokens, stop_token_ids; top_p 1 only) and answers in
 SGLang's response format, so a whole `cadence train` run can use it.
+
+--tp N plays a tensor-parallel server: N-1 more ranks (child processes, as SGLang's tp workers)
+join at rank_offset + tp_rank and receive every tensor too (SGLang's weight loaders then keep their
+shard; these keep a sum per tensor, which /stand_in/tp_checksums returns for each rank).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import datetime
+import json
+import subprocess
+import sys
 import threading
 
 import torch
@@ -31,35 +38,102 @@ from torch.distributed import distributed_c10d as c10d
 from transformers import AutoModelForCausalLM
 
 
+def join_group(req: dict, tp_rank: int):
+    """One rank's /init_weights_update_group: rendezvous at rank_offset + tp_rank, then the group."""
+    timeout = datetime.timedelta(seconds=120)
+    rank, world = int(req["rank_offset"]) + tp_rank, int(req["world_size"])
+    store, rank, world = next(c10d.rendezvous(f"tcp://{req['master_address']}:{req['master_port']}",
+                                              rank, world, timeout=timeout))
+    store.set_timeout(timeout)
+    store = c10d.PrefixStore(req["group_name"], store)
+    pg, _ = c10d._new_process_group_helper(world, rank, [], c10d.Backend(req.get("backend", "nccl")), store,
+                                           group_name=req["group_name"], timeout=timeout)
+    c10d._world.pg_group_ranks[pg] = {i: i for i in range(world)}
+    return pg
+
+
+def receive(pg, req: dict) -> list[tuple[str, torch.Tensor]]:
+    """One rank's /update_weights_from_distributed: allocate as announced, receive in that order."""
+    weights, works = [], []
+    for name, dtype, shape in zip(req["names"], req["dtypes"], req["shapes"]):
+        w = torch.empty(shape, dtype=getattr(torch, dtype))
+        works.append(dist.broadcast(w, src=0, group=pg, async_op=True))
+        weights.append((name, w))
+    for w in works:
+        w.wait()
+    return weights
+
+
+def checksums(weights) -> dict[str, float]:
+    return {name: float(w.double().sum()) for name, w in weights}
+
+
+class TPWorker:
+    """tp ranks 1..N-1 of a --tp N stand-in: a child process driven by JSON lines on stdin/stdout."""
+
+    def __init__(self, tp_rank: int):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--tp-worker", str(tp_rank)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def send(self, op: str, req: dict) -> None:
+        self.proc.stdin.write(json.dumps({"op": op, "req": req}) + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"tp worker exited ({self.proc.poll()})")
+        out = json.loads(line)
+        if "error" in out:
+            raise RuntimeError(f"tp worker: {out['error']}")
+        return out
+
+
+def tp_worker_main(tp_rank: int) -> None:
+    groups, sums = {}, {}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op, req = cmd["op"], cmd["req"]
+        try:
+            if op == "init":
+                groups[req["group_name"]] = join_group(req, tp_rank)
+            elif op == "update":
+                sums.update(checksums(receive(groups[req["group_name"]], req)))
+            elif op == "destroy":
+                dist.destroy_process_group(groups.pop(req["group_name"]))
+            print(json.dumps({"sums": sums}), flush=True)
+        except Exception as e:  # noqa: BLE001 - reported to the main rank, which answers success: false
+            print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+
+
 class Receiver:
-    def __init__(self, model_dir: str):
+    def __init__(self, model_dir: str, tp: int = 1):
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+        self.tp = tp
+        self.workers = [TPWorker(r) for r in range(1, tp)]
         self.groups: dict[str, object] = {}
         self.weight_version = "default"
         self.updates = 0
+        self.sums: list[dict[str, float]] = [{} for _ in range(tp)]  # per tp rank, by tensor name
         self.lock = threading.Lock()  # weights change only between generations
 
+    def _on_all_ranks(self, op: str, req: dict, own):
+        """Every tp rank takes part in each collective, as SGLang's scheduler runs it on all tp workers."""
+        for w in self.workers:
+            w.send(op, req)
+        try:
+            return own()
+        finally:
+            replies = [w.reply() for w in self.workers]
+            for r, reply in enumerate(replies, start=1):
+                self.sums[r] = reply["sums"]
+
     def init_group(self, req: dict) -> None:
-        timeout = datetime.timedelta(seconds=120)
-        rank, world = int(req["rank_offset"]), int(req["world_size"])
-        store, rank, world = next(c10d.rendezvous(f"tcp://{req['master_address']}:{req['master_port']}",
-                                                  rank, world, timeout=timeout))
-        store.set_timeout(timeout)
-        store = c10d.PrefixStore(req["group_name"], store)
-        pg, _ = c10d._new_process_group_helper(world, rank, [], c10d.Backend(req.get("backend", "nccl")), store,
-                                               group_name=req["group_name"], timeout=timeout)
-        c10d._world.pg_group_ranks[pg] = {i: i for i in range(world)}
-        self.groups[req["group_name"]] = pg
+        self.groups[req["group_name"]] = self._on_all_ranks("init", req, lambda: join_group(req, 0))
 
     def update(self, req: dict) -> None:
-        pg = self.groups[req["group_name"]]
-        weights, works = [], []
-        for name, dtype, shape in zip(req["names"], req["dtypes"], req["shapes"]):
-            w = torch.empty(shape, dtype=getattr(torch, dtype))
-            works.append(dist.broadcast(w, src=0, group=pg, async_op=True))
-            weights.append((name, w))
-        for w in works:
-            w.wait()
+        weights = self._on_all_ranks("update", req, lambda: receive(self.groups[req["group_name"]], req))
+        self.sums[0].update(checksums(weights))
         params = dict(self.model.named_parameters())
         with torch.no_grad(), self.lock:
             for name, w in weights:
@@ -99,7 +173,8 @@ class Receiver:
             "finish_reason": {"type": finish}, "weight_version": self.weight_version}}
 
     def destroy(self, req: dict) -> None:
-        dist.destroy_process_group(self.groups.pop(req["group_name"]))
+        pg = self.groups.pop(req["group_name"])
+        self._on_all_ranks("destroy", req, lambda: dist.destroy_process_group(pg))
 
 
 def make_app(receiver: Receiver) -> web.Application:
@@ -107,7 +182,7 @@ def make_app(receiver: Receiver) -> web.Application:
         return web.json_response({"success": True})
 
     async def server_info(_):
-        return web.json_response({"tp_size": 1, "dp_size": 1, "pp_size": 1,
+        return web.json_response({"tp_size": receiver.tp, "dp_size": 1, "pp_size": 1,
                                   "weight_version": receiver.weight_version, "updates": receiver.updates})
 
     def call(fn):
@@ -123,6 +198,9 @@ def make_app(receiver: Receiver) -> web.Application:
     async def generate(request):
         return web.json_response(await asyncio.to_thread(receiver.generate, await request.json()))
 
+    async def tp_checksums(_):
+        return web.json_response({"ranks": receiver.sums})
+
     async def logits(request):
         ids = torch.tensor((await request.json())["input_ids"])
         with torch.no_grad():
@@ -136,18 +214,24 @@ def make_app(receiver: Receiver) -> web.Application:
                     web.post("/destroy_weights_update_group", call(receiver.destroy)),
                     web.post("/pause_generation", ok), web.post("/continue_generation", ok),
                     web.post("/generate", generate), web.post("/abort_request", ok),
-                    web.post("/stand_in/logits", logits)])
+                    web.post("/stand_in/logits", logits), web.get("/stand_in/tp_checksums", tp_checksums)])
     return app
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()  # the arguments Cadence launches a server with (ServerProcess.command)
-    ap.add_argument("--model-path", "--model-dir", dest="model_path", required=True)
+    ap.add_argument("--tp-worker", type=int, help=argparse.SUPPRESS)  # internal: one child tp rank
+    ap.add_argument("--model-path", "--model-dir", dest="model_path")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--tp", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    web.run_app(make_app(Receiver(args.model_path)), host=args.host, port=args.port, print=None)
+    if args.tp_worker is not None:
+        return tp_worker_main(args.tp_worker)
+    if args.model_path is None or args.port is None:
+        ap.error("--model-path and --port are required")
+    web.run_app(make_app(Receiver(args.model_path, args.tp)), host=args.host, port=args.port, print=None)
 
 
 if __name__ == "__main__":

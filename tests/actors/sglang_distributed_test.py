@@ -125,14 +125,12 @@ def _jax_logits(graphdef, params):
     return np.asarray(forward(graphdef, params, toks, jnp.arange(n)[None], jnp.ones((1, n), bool)))
 
 
-@pytest.fixture
-def receivers(tmp_path, monkeypatch):
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # gloo's own sockets, in this process and the receivers
-    write_random_checkpoint(str(tmp_path / "start"), CK, seed=1)
-    ports = [free_port(), free_port()]
+def _start_receivers(model_dir, tps):
+    """Stand-in servers, one per entry of tps (its --tp); returns their ports and processes."""
+    ports = [free_port() for _ in tps]
     procs = [subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "dist_receiver.py"),
-                               "--model-dir", str(tmp_path / "start"), "--port", str(p)],
-                              env={**os.environ, "JAX_PLATFORMS": "cpu"}) for p in ports]
+                               "--model-dir", model_dir, "--port", str(p), "--tp", str(tp)],
+                              env={**os.environ, "JAX_PLATFORMS": "cpu"}) for p, tp in zip(ports, tps)]
     deadline = time.monotonic() + 120
     for p in ports:
         while True:
@@ -142,10 +140,29 @@ def receivers(tmp_path, monkeypatch):
             except OSError:
                 assert time.monotonic() < deadline, "stand-in receiver did not start"
                 time.sleep(0.2)
-    yield ports, procs
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+    return ports, procs
+
+
+@pytest.fixture
+def stand_ins(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # gloo's own sockets, in this process and the receivers
+    write_random_checkpoint(str(tmp_path / "start"), CK, seed=1)
+    started = []
+
+    def start(tps):
+        started.append(_start_receivers(str(tmp_path / "start"), tps))
+        return started[-1]
+
+    yield start
+    for _, procs in started:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def receivers(stand_ins):
+    return stand_ins((1, 1))
 
 
 def _engine(ports, tmp_path, **kw):
@@ -187,6 +204,29 @@ def test_broadcast_reaches_every_server_reuses_the_group_and_regroups_after_a_ki
         assert eng._group is not group and eng._group_members == (0,)  # regrouped without the dead one
         np.testing.assert_allclose(_logits(ports[0]), _jax_logits(graphdef, versions[3]), atol=LOGITS_ATOL)
         assert eng.servers[0].ready and eng.servers[0].version == 3 and not eng.servers[1].ready
+    finally:
+        eng.close()
+
+
+def test_a_tensor_parallel_server_gets_a_rank_per_tp_worker(stand_ins, tmp_path):
+    """SGLang ranks a server's receivers rank_offset + tp_rank: with servers of tp 2 and 1 the group
+    has 4 ranks and the second server starts at 3 (a wrong offset collides or hangs the rendezvous)."""
+    ports, _ = stand_ins((2, 1))
+    graphdef, params = init_params(CK, 40)
+    eng = _engine(ports, tmp_path)
+    try:
+        assert eng.sync_weights(params, 1)
+        assert eng._group.world_size == 4
+        want = {t.name: float(np.asarray(t.value, np.float64).sum()) for t in hf_tensors(CK, params)}
+        ranks = _get(ports[0], "/stand_in/tp_checksums")["ranks"]
+        assert len(ranks) == 2
+        for sums in ranks:  # each tp rank received every tensor
+            assert sums.keys() == want.keys()
+            for name in want:
+                assert sums[name] == pytest.approx(want[name], rel=1e-9, abs=1e-9), name
+        for p in ports:
+            np.testing.assert_allclose(_logits(p), _jax_logits(graphdef, params), atol=LOGITS_ATOL)
+        assert all(s.ready and s.version == 1 for s in eng.servers)
     finally:
         eng.close()
 
