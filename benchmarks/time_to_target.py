@@ -36,7 +36,8 @@ def run_once(setup: str, seed: int, max_steps: int, workdir: str) -> dict:
     args = list(SETUPS[setup]) + [
         f"run.dir={run_dir}", f"run.steps={max_steps}", f"run.stop_at_exact_match={TARGET}",
         "run.progress=false", f"learner.seed={seed}", f"actors.seed={seed}", f"task.seed={seed}"]
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_ENABLE_COMPILATION_CACHE="false")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+               JAX_ENABLE_COMPILATION_CACHE="false")
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "launch.cli", "train", *args], capture_output=True,
                          text=True, env=env, cwd=ROOT)

@@ -20,6 +20,10 @@ SGLang's response format, so a whole `cadence train` run can use it.
 --tp N plays a tensor-parallel server: N-1 more ranks (child processes, as SGLang's tp workers)
 join at rank_offset + tp_rank and receive every tensor too (SGLang's weight loaders then keep their
 shard; these keep a sum per tensor, which /stand_in/tp_checksums returns for each rank).
+
+--device cuda --dtype bfloat16 plays a GPU server (nccl needs the tensors on the GPU). A model
+directory with config.json and no weights starts from random weights (a benchmark then sends
+every tensor; /stand_in/logits.npy shows whether they all arrived).
 """
 from __future__ import annotations
 
@@ -29,13 +33,16 @@ import datetime
 import json
 import subprocess
 import sys
+import io
+import os
 import threading
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from aiohttp import web
 from torch.distributed import distributed_c10d as c10d
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def join_group(req: dict, tp_rank: int):
@@ -52,11 +59,11 @@ def join_group(req: dict, tp_rank: int):
     return pg
 
 
-def receive(pg, req: dict) -> list[tuple[str, torch.Tensor]]:
+def receive(pg, req: dict, device: str = "cpu") -> list[tuple[str, torch.Tensor]]:
     """One rank's /update_weights_from_distributed: allocate as announced, receive in that order."""
     weights, works = [], []
     for name, dtype, shape in zip(req["names"], req["dtypes"], req["shapes"]):
-        w = torch.empty(shape, dtype=getattr(torch, dtype))
+        w = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
         works.append(dist.broadcast(w, src=0, group=pg, async_op=True))
         weights.append((name, w))
     for w in works:
@@ -107,8 +114,14 @@ def tp_worker_main(tp_rank: int) -> None:
 
 
 class Receiver:
-    def __init__(self, model_dir: str, tp: int = 1):
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    def __init__(self, model_dir: str, tp: int = 1, device: str = "cpu", dtype: str = "float32"):
+        self.device, torch_dtype = device, getattr(torch, dtype)
+        if any(f.endswith(".safetensors") for f in os.listdir(model_dir)):
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
+        else:  # config only: random weights, all replaced by the first update
+            with torch.device(device):
+                self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir),
+                                                              dtype=torch_dtype).eval()
         self.tp = tp
         self.workers = [TPWorker(r) for r in range(1, tp)]
         self.groups: dict[str, object] = {}
@@ -132,8 +145,10 @@ class Receiver:
         self.groups[req["group_name"]] = self._on_all_ranks("init", req, lambda: join_group(req, 0))
 
     def update(self, req: dict) -> None:
-        weights = self._on_all_ranks("update", req, lambda: receive(self.groups[req["group_name"]], req))
-        self.sums[0].update(checksums(weights))
+        weights = self._on_all_ranks("update", req,
+                                     lambda: receive(self.groups[req["group_name"]], req, self.device))
+        if self.tp > 1:  # what the tp test compares across ranks (a full-size benchmark skips the pass)
+            self.sums[0].update(checksums(weights))
         params = dict(self.model.named_parameters())
         with torch.no_grad(), self.lock:
             for name, w in weights:
@@ -151,7 +166,7 @@ class Receiver:
         if sp.get("top_p", 1.0) < 1.0:
             raise ValueError("the stand-in samples with top_p 1 only")
         temperature, stops = float(sp.get("temperature", 1.0)), set(sp.get("stop_token_ids") or [])
-        x, past, out, finish = torch.tensor([req["input_ids"]]), None, [], "length"
+        x, past, out, finish = torch.tensor([req["input_ids"]], device=self.device), None, [], "length"
         with torch.no_grad(), self.lock:
             for _ in range(int(sp["max_new_tokens"])):
                 o = self.model(input_ids=x, past_key_values=past, use_cache=True)
@@ -164,7 +179,7 @@ class Receiver:
                     tok = int(torch.multinomial(logp.exp(), 1))
                     lp = float(logp[tok])
                 out.append((min(lp, 0.0), tok))
-                x = torch.tensor([[tok]])
+                x = torch.tensor([[tok]], device=self.device)
                 if tok in stops:
                     finish = "stop"
                     break
@@ -201,11 +216,19 @@ def make_app(receiver: Receiver) -> web.Application:
     async def tp_checksums(_):
         return web.json_response({"ranks": receiver.sums})
 
+    def forward(ids) -> torch.Tensor:
+        with torch.no_grad(), receiver.lock:
+            return receiver.model(input_ids=torch.tensor(ids, device=receiver.device)).logits.float().cpu()
+
     async def logits(request):
-        ids = torch.tensor((await request.json())["input_ids"])
-        with torch.no_grad():
-            out = receiver.model(input_ids=ids).logits
+        out = await asyncio.to_thread(forward, (await request.json())["input_ids"])
         return web.json_response({"logits": out.tolist()})
+
+    async def logits_npy(request):  # a 128k vocabulary is too much JSON
+        out = await asyncio.to_thread(forward, (await request.json())["input_ids"])
+        buf = io.BytesIO()
+        np.save(buf, out.numpy(), allow_pickle=False)
+        return web.Response(body=buf.getvalue(), content_type="application/octet-stream")
 
     app = web.Application(client_max_size=1 << 26)
     app.add_routes([web.get("/health", ok), web.get("/health_generate", ok), web.get("/get_server_info", server_info),
@@ -214,7 +237,8 @@ def make_app(receiver: Receiver) -> web.Application:
                     web.post("/destroy_weights_update_group", call(receiver.destroy)),
                     web.post("/pause_generation", ok), web.post("/continue_generation", ok),
                     web.post("/generate", generate), web.post("/abort_request", ok),
-                    web.post("/stand_in/logits", logits), web.get("/stand_in/tp_checksums", tp_checksums)])
+                    web.post("/stand_in/logits", logits), web.post("/stand_in/logits.npy", logits_npy),
+                    web.get("/stand_in/tp_checksums", tp_checksums)])
     return app
 
 
@@ -225,13 +249,15 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="where the model and received tensors live (cuda for nccl)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.tp_worker is not None:
         return tp_worker_main(args.tp_worker)
     if args.model_path is None or args.port is None:
         ap.error("--model-path and --port are required")
-    web.run_app(make_app(Receiver(args.model_path, args.tp)), host=args.host, port=args.port, print=None)
+    web.run_app(make_app(Receiver(args.model_path, args.tp, args.device, args.dtype)), host=args.host, port=args.port, print=None)
 
 
 if __name__ == "__main__":

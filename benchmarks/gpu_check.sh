@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU check for a lent one-GPU machine with no network (this project's H200 device): what of
+# the SGLang issue's GPU acceptance runs without main SGLang, plus the built-in engine and learner.
+# Main SGLang itself is not there and cannot be carried (it pins torch 2.9.1, its kernels are built
+# for that torch, and sglang-kernel + flashinfer are far over a call's 64 MiB); benchmarks/gpu_sglang.sh
+# is the check for a machine that has it.
+#
+#   OUT=/tmp/gpu-check bash benchmarks/gpu_check.sh      # logs and JSON lines under $OUT
+#
+# Uses the machine's python3 (JAX with CUDA, a CUDA torch, transformers); wheels of anything else
+# Cadence imports (msgspec, math-verify) may be put in .whl/ and are installed to /tmp/site, offline.
+# Each part has its own time limit and goes on after a failure; $OUT gets parts.log (every part's
+# output) and summary.jsonl (their JSON lines).
+#   1. weight sync by nccl broadcast (sync=distributed), a Llama-3.2-1B-shaped model in bf16, Cadence's
+#      engine -> a GPU stand-in receiver vs a bare torch.distributed broadcast; KL of the receiver's
+#      logits against the learner's JAX model after the sync
+#   2. the same at float32 on a small model: the transfer is exact (KL ~ 0 up to the two frameworks'
+#      float32 matmuls)
+#   3. gloo on the same GPU tensors, only if (1) failed
+#   4. engine_bench, learner_bench (JAX on the GPU vs bare jitted loops)
+#   5. time to held-out exact match 0.5 of the default `cadence train` (one seed)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/cadence-gpu-check}"
+mkdir -p "$OUT"
+PY="${PY:-python3}"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+part() {  # part NAME SECONDS CMD...: runs CMD with a limit, appends its output to $OUT/parts.log
+  local name=$1 limit=$2 rc log
+  shift 2
+  log=$(mktemp)
+  echo "== $name ($(date +%T))"
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  { echo "== $name rc=$rc"; cat "$log"; } >>"$OUT/parts.log"
+  echo "rc=$rc"
+  if [ $rc -eq 0 ]; then
+    grep '^{' "$log" | tail -n 3 | tee -a "$OUT/summary.jsonl"
+  else
+    tail -n 40 "$log"
+    echo "{\"part\": \"$name\", \"rc\": $rc}" >>"$OUT/summary.jsonl"
+  fi
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+"$PY" -c "import jax, torch, flax, transformers; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__,
+  'nccl', torch.cuda.nccl.version(), '| flax', flax.__version__, '| transformers', transformers.__version__)"
+
+WS=benchmarks/weight_sync_bench.py
+part wsync_nccl_1b_bf16 240 "$PY" $WS --backend nccl --preset llama-1b --dist-dtype bfloat16 --receiver-dtype bfloat16 \
+  --bucket-mb 512 --repeats 3 --kl
+nccl_rc=$?
+part wsync_nccl_small_fp32 120 "$PY" $WS --backend nccl --d-model 512 --layers 8 --vocab 8192 --repeats 3 --kl
+if [ $nccl_rc -ne 0 ]; then
+  part wsync_gloo_cuda_1b_bf16 200 "$PY" $WS --backend gloo --device cuda --preset llama-1b --dist-dtype bfloat16 \
+    --receiver-dtype bfloat16 --bucket-mb 512 --repeats 3 --kl
+fi
+part engine_bench 120 "$PY" benchmarks/engine_bench.py --repeats 9
+part learner_bench 120 "$PY" benchmarks/learner_bench.py --repeats 9
+part time_to_target 200 "$PY" benchmarks/time_to_target.py --seeds 0 --setups default
+echo "== done ($(date +%T))"
