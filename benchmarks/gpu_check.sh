@@ -3,12 +3,14 @@
 # the SGLang issue's GPU acceptance runs without main SGLang, plus the built-in engine and learner.
 # Main SGLang itself is not there and cannot be carried (it pins torch 2.9.1, its kernels are built
 # for that torch, and sglang-kernel + flashinfer are far over a call's 64 MiB); benchmarks/gpu_sglang.sh
-# is the check for a machine that has it.
+# is the check for a machine that has it. sglang-jax is pure Python and runs on the GPU through JAX.
 #
-#   OUT=/tmp/gpu-check bash benchmarks/gpu_check.sh      # logs and JSON lines under $OUT
+#   OUT=/tmp/gpu-check DEADLINE_S=500 bash benchmarks/gpu_check.sh   # logs and JSON lines under $OUT
 #
-# Uses the machine's python3 (JAX with CUDA, a CUDA torch, transformers); wheels of anything else
-# Cadence imports (msgspec, math-verify) may be put in .whl/ and are installed to /tmp/site, offline.
+# Uses the machine's python3 (JAX with CUDA, a CUDA torch, transformers). Offline wheels, if present:
+# .whl/ (what Cadence imports and the machine lacks: msgspec, math-verify) go to /tmp/site for every
+# part; .whl-sgljax/ (sglang-jax 0.1.0rc0 --no-deps and the server's missing deps: fastapi, uvicorn,
+# pydantic, pyzmq, ...) go to /tmp/sgl-site, on the server's path only.
 # Each part has its own time limit and goes on after a failure; $OUT gets parts.log (every part's
 # output) and summary.jsonl (their JSON lines).
 #   1. weight sync by nccl broadcast (sync=distributed), a Llama-3.2-1B-shaped model in bf16, Cadence's
@@ -17,8 +19,12 @@
 #   2. the same at float32 on a small model: the transfer is exact (KL ~ 0 up to the two frameworks'
 #      float32 matmuls)
 #   3. gloo on the same GPU tensors, only if (1) failed
-#   4. engine_bench, learner_bench (JAX on the GPU vs bare jitted loops)
-#   5. time to held-out exact match 0.5 of the default `cadence train` (one seed)
+#   4. sglang-jax on the GPU (if .whl-sgljax/ is there): generation tokens/s through Cadence's engine vs
+#      a bare asyncio client at the same concurrency, a restart weight sync, and the logprob mismatch
+#      against Cadence's JAX model (benchmarks/sglang_bench.py, a 170M Llama)
+#   5. engine_bench, learner_bench (JAX on the GPU vs bare jitted loops)
+#   6. time to held-out exact match 0.5 of the default `cadence train` (one seed)
+# Parts stop being started once DEADLINE_S seconds (default 540) have passed, and each is cut at it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/cadence-gpu-check}"
@@ -30,9 +36,17 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
+END=$(( $(date +%s) + ${DEADLINE_S:-540} ))
 part() {  # part NAME SECONDS CMD...: runs CMD with a limit, appends its output to $OUT/parts.log
-  local name=$1 limit=$2 rc log
+  local name=$1 limit=$2 rc log left
   shift 2
+  left=$(( END - $(date +%s) ))
+  if [ $left -lt 30 ]; then
+    echo "== $name skipped: the deadline is near"
+    echo "{\"part\": \"$name\", \"skipped\": \"deadline\"}" >>"$OUT/summary.jsonl"
+    return 124
+  fi
+  [ "$limit" -le $left ] || limit=$left
   log=$(mktemp)
   echo "== $name ($(date +%T))"
   timeout -k 10 "$limit" "$@" >"$log" 2>&1
@@ -60,6 +74,17 @@ part wsync_nccl_small_fp32 120 "$PY" $WS --backend nccl --d-model 512 --layers 8
 if [ $nccl_rc -ne 0 ]; then
   part wsync_gloo_cuda_1b_bf16 200 "$PY" $WS --backend gloo --device cuda --preset llama-1b --dist-dtype bfloat16 \
     --receiver-dtype bfloat16 --bucket-mb 512 --repeats 3 --kl
+fi
+if compgen -G ".whl-sgljax/*.whl" >/dev/null \
+  && "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/sgl-site \
+       .whl-sgljax/*.whl; then
+  # The server's JAX takes a fifth of the GPU (the default 75% would starve this process and torch).
+  CADENCE_SGLANG_PYTHON="$(command -v "$PY")" part sglang_jax_gpu 240 "$PY" benchmarks/sglang_bench.py --model small \
+    --prompts 256 --max-new-tokens 64 --concurrency 64 --rounds 2 \
+    --launch-args "--device cuda --attention-backend native --dtype float32 --grammar-backend none \
+--max-total-tokens 8192 --max-running-requests 64 --precompile-token-paddings 128 256 512 1024 \
+--precompile-bs-paddings 1 8 16 32 64 --skip-tokenizer-init --disable-overlap-schedule --skip-server-warmup" \
+    --launch-env JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 "PYTHONPATH=/tmp/sgl-site:${PYTHONPATH:-}"
 fi
 part engine_bench 120 "$PY" benchmarks/engine_bench.py --repeats 9
 part learner_bench 120 "$PY" benchmarks/learner_bench.py --repeats 9

@@ -23,10 +23,14 @@ import urllib.request
 # --disable-overlap-schedule: with the overlap scheduler, groups of identical prompts sent at once
 # came back with wrong logprobs at scattered positions (measured: 223 of 288 rows had some logprob
 # 0.02-0.5 off Cadence's model on the same tokens; without it 0 of 288).
+# --skip-server-warmup: the server's own warm-up generation (no logprobs) is still decoding when
+# /health_generate first answers; Cadence's requests (output logprobs only) then share its batch,
+# and sglang-jax's scheduler dies on the mix (UnboundLocalError 'next_token_logprobs'; seen with a
+# 170M model, where the warm-up is slower). Cadence's own health wait already runs a generation.
 CPU_ARGS = ("--device", "cpu", "--attention-backend", "native", "--dtype", "float32",
             "--grammar-backend", "none", "--max-total-tokens", "4096", "--max-running-requests", "16",
             "--precompile-token-paddings", "64", "128", "--precompile-bs-paddings", "1", "4", "8", "16",
-            "--skip-tokenizer-init", "--disable-overlap-schedule")
+            "--skip-tokenizer-init", "--disable-overlap-schedule", "--skip-server-warmup")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
