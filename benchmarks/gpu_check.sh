@@ -24,13 +24,14 @@
 #      against Cadence's JAX model (benchmarks/sglang_bench.py, a 170M Llama)
 #   5. engine_bench, learner_bench (JAX on the GPU vs bare jitted loops)
 #   6. time to held-out exact match 0.5 of the default `cadence train` (one seed)
+# SGL_DEVICE=cpu runs part 4's server on the CPU (a dry run of this script's flow on a CPU machine).
 # Parts stop being started once DEADLINE_S seconds (default 540) have passed, and each is cut at it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/cadence-gpu-check}"
 mkdir -p "$OUT"
 PY="${PY:-python3}"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -67,12 +68,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   'nccl', torch.cuda.nccl.version(), '| flax', flax.__version__, '| transformers', transformers.__version__)"
 
 WS=benchmarks/weight_sync_bench.py
-part wsync_nccl_1b_bf16 240 "$PY" $WS --backend nccl --preset llama-1b --dist-dtype bfloat16 --receiver-dtype bfloat16 \
+part wsync_nccl_1b_bf16 180 "$PY" $WS --backend nccl --preset llama-1b --dist-dtype bfloat16 --receiver-dtype bfloat16 \
   --bucket-mb 512 --repeats 3 --kl
 nccl_rc=$?
 part wsync_nccl_small_fp32 120 "$PY" $WS --backend nccl --d-model 512 --layers 8 --vocab 8192 --repeats 3 --kl
 if [ $nccl_rc -ne 0 ]; then
-  part wsync_gloo_cuda_1b_bf16 200 "$PY" $WS --backend gloo --device cuda --preset llama-1b --dist-dtype bfloat16 \
+  part wsync_gloo_cuda_1b_bf16 150 "$PY" $WS --backend gloo --device cuda --preset llama-1b --dist-dtype bfloat16 \
     --receiver-dtype bfloat16 --bucket-mb 512 --repeats 3 --kl
 fi
 if compgen -G ".whl-sgljax/*.whl" >/dev/null \
@@ -81,10 +82,11 @@ if compgen -G ".whl-sgljax/*.whl" >/dev/null \
   # The server's JAX takes a fifth of the GPU (the default 75% would starve this process and torch).
   CADENCE_SGLANG_PYTHON="$(command -v "$PY")" part sglang_jax_gpu 240 "$PY" benchmarks/sglang_bench.py --model small \
     --prompts 256 --max-new-tokens 64 --concurrency 64 --rounds 2 \
-    --launch-args "--device cuda --attention-backend native --dtype float32 --grammar-backend none \
+    --launch-args "--device ${SGL_DEVICE:-cuda} --attention-backend native --dtype float32 --grammar-backend none \
 --max-total-tokens 8192 --max-running-requests 64 --precompile-token-paddings 128 256 512 1024 \
 --precompile-bs-paddings 1 8 16 32 64 --skip-tokenizer-init --disable-overlap-schedule --skip-server-warmup" \
-    --launch-env JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 "PYTHONPATH=/tmp/sgl-site:${PYTHONPATH:-}"
+    --launch-env "JAX_PLATFORMS=${SGL_DEVICE:-cuda}" XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 "PYTHONPATH=/tmp/sgl-site:${PYTHONPATH:-}"
+  pkill -f sgl_jax.launch_server  # a server in its own session outlives a bench cut by its time limit
 fi
 part engine_bench 120 "$PY" benchmarks/engine_bench.py --repeats 9
 part learner_bench 120 "$PY" benchmarks/learner_bench.py --repeats 9
