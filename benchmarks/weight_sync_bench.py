@@ -67,6 +67,9 @@ def bare_receiver(address: str, port: int, spec_file: str, rounds: int) -> None:
     for _ in range(rounds):
         for w in [dist.broadcast(b, src=0, group=pg, async_op=True) for b in bufs]:
             w.wait()
+    if spec["device"] == "cuda":
+        torch.cuda.synchronize()  # nccl's wait() only orders streams: exiting earlier breaks rank 0's sends
+    dist.destroy_process_group(pg)
 
 
 def wait_healthy(port: int, proc: subprocess.Popen, seconds: float = 300) -> None:
@@ -213,6 +216,7 @@ def main() -> None:
         if args.kl:
             out.update(logits_kl(port, graphdef, params, cfg.vocab_size))
         eng.close()
+        print("cadence side done:", json.dumps(out), file=sys.stderr, flush=True)  # kept if the bare part is cut
     except BaseException:
         log.flush()
         sys.stderr.write(open(log.name).read()[-4000:])
