@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared GPU check for the SGLang engine (main SGLang on CUDA). Installs nothing from the network.
-# NOT RUN YET: no GPU machine was lent to the task that wrote it; expect to fix small things on the
-# first run. Needs:
+# NOT RUN YET: the GPU machine lent so far has no network and main SGLang cannot be carried to it
+# (benchmarks/gpu_check.sh is what ran there); expect to fix small things on the first run. Needs:
 #   SGLANG_PYTHON  python of a venv with main `sglang` installed (CUDA build)
 #   MODEL          a small local HF checkpoint directory (e.g. Qwen2.5-0.5B), readable by the server
 #   PY             python with Cadence's dependencies, jax[cuda12] and a CUDA torch (default .venv/bin/python;

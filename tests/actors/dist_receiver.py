@@ -7,7 +7,7 @@ rank_offset (+ tp_rank 0) through the learner's TCP rendezvous store; /update_we
 allocates (names, dtypes, shapes), receives each tensor by a broadcast from rank 0 in that order,
 and loads them by name, here into a real transformers LlamaForCausalLM. The transport, the names
 and the layout are real; that main SGLang accepts them is checked only by benchmarks/gpu_sglang.sh
-on a GPU.
+on a GPU with main SGLang (not run yet). benchmarks/gpu_check.sh runs this stand-in on a GPU.
 
     python tests/actors/dist_receiver.py --model-path DIR --port P   (or launched by the engine:
     launch_module="tests.actors.dist_receiver" with the repository on PYTHONPATH)
@@ -257,7 +257,8 @@ def main() -> None:
         return tp_worker_main(args.tp_worker)
     if args.model_path is None or args.port is None:
         ap.error("--model-path and --port are required")
-    web.run_app(make_app(Receiver(args.model_path, args.tp, args.device, args.dtype)), host=args.host, port=args.port, print=None)
+    receiver = Receiver(args.model_path, args.tp, args.device, args.dtype)
+    web.run_app(make_app(receiver), host=args.host, port=args.port, print=None)
 
 
 if __name__ == "__main__":
