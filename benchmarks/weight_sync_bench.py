@@ -55,7 +55,6 @@ def random_params(cfg):
 
     import jax
     import jax.numpy as jnp
-    from flax import nnx
 
     from learner.models.llama import abstract_params
 
@@ -64,12 +63,14 @@ def random_params(cfg):
         return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
     graphdef, abstract = abstract_params(cfg)
-    flat = nnx.to_flat_state(abstract)
-    key = jax.random.key(0)
-    values = [jnp.ones(v.shape, v.dtype) if "norm" in "/".join(map(str, path)) else
-              normal(jax.random.fold_in(key, i), v.shape, v.dtype)
-              for i, (path, v) in enumerate((path, v.get_value()) for path, v in flat)]
-    return graphdef, jax.tree.unflatten(jax.tree.structure(abstract), values)
+    keys = iter(jax.random.split(jax.random.key(0), len(jax.tree.leaves(abstract))))
+
+    def fill(path, leaf):
+        if "norm" in jax.tree_util.keystr(path):
+            return jnp.ones(leaf.shape, leaf.dtype)
+        return normal(next(keys), leaf.shape, leaf.dtype)
+
+    return graphdef, jax.tree_util.tree_map_with_path(fill, abstract)
 
 
 def one_gpu_nccl_env(role: str) -> dict:
