@@ -170,7 +170,7 @@ def main() -> None:
     from actors.config import SGLangConfig
     from actors.sglang.engine import SGLangEngine
     from actors.sglang.server import free_port
-    from actors.sglang.weight_broadcast import UpdateGroup, bucket_tensors, plan_buckets
+    from actors.sglang.weight_broadcast import UpdateGroup, bucket_tensors, plan_buckets, sent_nbytes
     from learner.models import hf_config
     from learner.models.config import ModelConfig
     from learner.models.hf_export import hf_tensors
@@ -191,8 +191,7 @@ def main() -> None:
         json.dump(hf_config.hf_from_model_config(cfg), f)
     tensors = hf_tensors(cfg, params)
     dtype = args.dist_dtype or None
-    wire_gb = sum(t.value.size * (jax.numpy.dtype(dtype).itemsize if dtype else t.value.dtype.itemsize)
-                  for t in tensors) / 1e9
+    wire_gb = sum(sent_nbytes(t, dtype) for t in tensors) / 1e9
     out = {"bench": "weight_sync_distributed", "backend": args.backend, "device": device,
            "jax_device": str(jax.devices()[0]), "params_m": round(count_params(params) / 1e6, 1),
            "wire_dtype": args.dist_dtype or "float32", "receiver_dtype": args.receiver_dtype,

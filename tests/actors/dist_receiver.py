@@ -30,11 +30,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import io
 import json
+import os
 import subprocess
 import sys
-import io
-import os
 import threading
 
 import numpy as np
@@ -78,8 +78,8 @@ def checksums(weights) -> dict[str, float]:
 class TPWorker:
     """tp ranks 1..N-1 of a --tp N stand-in: a child process driven by JSON lines on stdin/stdout."""
 
-    def __init__(self, tp_rank: int):
-        self.proc = subprocess.Popen([sys.executable, __file__, "--tp-worker", str(tp_rank)],
+    def __init__(self, tp_rank: int, device: str):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--tp-worker", str(tp_rank), "--device", device],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def send(self, op: str, req: dict) -> None:
@@ -96,7 +96,7 @@ class TPWorker:
         return out
 
 
-def tp_worker_main(tp_rank: int) -> None:
+def tp_worker_main(tp_rank: int, device: str) -> None:
     groups, sums = {}, {}
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -105,7 +105,7 @@ def tp_worker_main(tp_rank: int) -> None:
             if op == "init":
                 groups[req["group_name"]] = join_group(req, tp_rank)
             elif op == "update":
-                sums.update(checksums(receive(groups[req["group_name"]], req)))
+                sums.update(checksums(receive(groups[req["group_name"]], req, device)))
             elif op == "destroy":
                 dist.destroy_process_group(groups.pop(req["group_name"]))
             print(json.dumps({"sums": sums}), flush=True)
@@ -123,7 +123,7 @@ class Receiver:
                 self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir),
                                                               dtype=torch_dtype).eval()
         self.tp = tp
-        self.workers = [TPWorker(r) for r in range(1, tp)]
+        self.workers = [TPWorker(r, device) for r in range(1, tp)]
         self.groups: dict[str, object] = {}
         self.weight_version = "default"
         self.updates = 0
@@ -254,7 +254,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.tp_worker is not None:
-        return tp_worker_main(args.tp_worker)
+        return tp_worker_main(args.tp_worker, args.device)
     if args.model_path is None or args.port is None:
         ap.error("--model-path and --port are required")
     receiver = Receiver(args.model_path, args.tp, args.device, args.dtype)
