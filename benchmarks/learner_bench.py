@@ -1,10 +1,10 @@
-"""Learner speed: tokens/s of TrainStep.update vs a bare jitted train step.
+"""Learner speed: tokens/s of GRPOTrainStep.update vs a bare jitted train step.
 
 Setup: the default ModelConfig (learner.models.llama), seq_len 16 (6 prompt + 10 completion
 tokens), batch 128 samples (16 groups of 8), microbatch 32, the default GRPO loss and Adam.
 Baseline: one jax.jit of value_and_grad(the same loss) + the same optax update + apply_updates over
 the whole [128, 16] batch already on the device: no accumulation, no host work beyond
-block_until_ready. Ours: TrainStep.update on the host microbatches from build_microbatches (host ->
+block_until_ready. Ours: GRPOTrainStep.update on the host microbatches from build_microbatches (host ->
 device copies, 4 accumulate calls, apply, fetching the metrics). Both after warm-up; each figure is
 the median over repeats. tokens are all B x T sequence tokens the step processes.
 Prints one JSON line. Run: `.venv/bin/python benchmarks/learner_bench.py [--repeats 15] [--inner 5]`.
@@ -32,7 +32,7 @@ from learner.batching import build_microbatches  # noqa: E402
 from learner.config import LearnerConfig  # noqa: E402
 from learner.models import llama  # noqa: E402
 from learner.models.config import ModelConfig  # noqa: E402
-from learner.train_step import TrainStep  # noqa: E402
+from learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
 from protocols.messages import RolloutGroup  # noqa: E402
 from protocols.testing import rollout_group  # noqa: E402
 
@@ -64,7 +64,7 @@ def main() -> None:
     cfg = LearnerConfig(batch_size=BATCH, microbatch_size=MICROBATCH, group_size=GROUP)
     cfg.validate()
     logits_fn = functools.partial(llama.forward, graphdef)
-    step = TrainStep(logits_fn, cfg)
+    step = GRPOTrainStep(logits_fn, cfg)
 
     groups = make_groups(mcfg.vocab_size)
     t0 = time.perf_counter()

@@ -34,11 +34,11 @@ from launch.metrics import Clock, MetricsWriter, Progress
 from launch.policy import build_policy, export_policy
 from learner.controller import make_controller
 from learner.dynamic_sampling import make_group_filter
-from learner.factory import make_train_step
+from learner.steps import make_train_step
 from learner.checkpoint import Checkpointer
 from learner.loop import LearnerLoop, LoopSettings, PipelineStopped
 from learner.models.llama import count_params, forward
-from learner.sft import SFTStep, build_sft_batch
+from learner.steps.sft_step import SFTStep, build_sft_batch
 from protocols.admission import AdmissionGate
 from protocols.ledger import SampleLedger
 from protocols.transport import InProcessTransport
@@ -182,7 +182,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
 
     resume: "no" (a new run), "auto" (continue from the newest complete checkpoint if there is
       one, else start), "yes" (continue, and fail if there is nothing to continue).
-    wrap_train_step: tests inject faults (e.g. a deliberately slow learner) by wrapping TrainStep.
+    wrap_train_step: tests inject faults (e.g. a deliberately slow learner) by wrapping GRPOTrainStep.
     controller: a learner.loop.Controller consulted after every update (batch size, Adam
       hyperparameters, actor concurrency).
     Raises ConfigError (a resume with changed frozen keys, nothing to resume), RunFinished.

@@ -3,7 +3,7 @@ with the controller's fitted curves (X_gen(c) = c r1 / (1 + c / c_sat); t_step =
 drawn over the measured points.
 
 Generation is timed through Actor.step (one engine call of c prompts x G completions, scored), the
-learner through TrainStep.update on real rollout groups. Each point is a rate over a window after
+learner through GRPOTrainStep.update on real rollout groups. Each point is a rate over a window after
 one untimed call (compilation): at least `repeats` calls and `min_seconds` of them, total work over
 total time (sampled completion lengths vary from call to call, so work is counted per call).
 """
@@ -24,7 +24,7 @@ from launch.experiments import common
 from launch.policy import build_policy
 from learner.batching import build_microbatches
 from learner.controller.throughput import GenerationThroughput, LearnerThroughput
-from learner.factory import make_train_step
+from learner.steps import make_train_step
 from protocols.weights import InProcessWeights
 
 QUICK = dict(concurrencies=(1, 2, 4, 8), batch_sizes=(16, 32, 64), repeats=2, min_seconds=0.0)
@@ -138,7 +138,7 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
     report = "\n\n".join([
         "# Throughput",
         f"Device {results['device']}. Generation: one engine call of c prompts x G={points['group_size']} "
-        "completions (Actor.step, scoring included). Learner: one TrainStep.update on real rollouts.",
+        "completions (Actor.step, scoring included). Learner: one GRPOTrainStep.update on real rollouts.",
         f"Generation fit: r1 = {r1:.4g} samples/s per unit concurrency, c_sat = {c_sat:.4g}. "
         f"Learner fit: t_fix = {t_fix * 1e3:.3g} ms, t_sample = {t_sample * 1e3:.3g} ms.",
         common.markdown_table(["concurrency", "samples/s", "tokens/s", "fit samples/s"],

@@ -17,7 +17,7 @@ import numpy as np
 
 
 def microbatch_mean_grad_sq(metrics: dict) -> list[float]:
-    """|grad|^2 of each microbatch's own mean gradient, from TrainStep.update metrics.
+    """|grad|^2 of each microbatch's own mean gradient, from GRPOTrainStep.update metrics.
 
     The train step reports each microbatch's contribution to the batch gradient (normalized by
     the batch's token count N); a microbatch with n_i tokens has mean gradient contribution * N / n_i.
@@ -64,7 +64,7 @@ class NoiseScaleEstimator:
         return True
 
     def update_from_metrics(self, metrics: dict, batch_size: int) -> bool:
-        """`update` from TrainStep.update metrics of a batch of `batch_size` samples."""
+        """`update` from GRPOTrainStep.update metrics of a batch of `batch_size` samples."""
         small = microbatch_mean_grad_sq(metrics)
         if len(small) < 2:
             return False  # one microbatch: small == big, nothing to compare

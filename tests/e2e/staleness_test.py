@@ -8,7 +8,7 @@ from launch.train import train
 
 
 class SlowLearner:
-    """Real TrainStep, slowed down so that actors run as far ahead as admission lets them."""
+    """Real GRPOTrainStep, slowed down so that actors run as far ahead as admission lets them."""
 
     def __init__(self, inner, seconds):
         self.inner, self.seconds = inner, seconds

@@ -12,7 +12,7 @@ from learner.batching import build_microbatches
 from learner.config import LearnerConfig, OptimizerConfig, PPOConfig
 from learner.controller import BatchSizeController, ControllerConfig, rescale, scaled_learner, scaled_optimizer
 from learner.loop import LearnerLoop, LoopSettings
-from learner.train_step import TrainStep
+from learner.steps.grpo_step import GRPOTrainStep
 from protocols.admission import AdmissionGate
 from protocols.testing import rollout_group
 
@@ -82,7 +82,7 @@ class GrowCurve:
 
 def test_controller_change_applied_through_the_loop_keeps_moments_and_compiles_nothing():
     cfg = LearnerConfig(batch_size=8, microbatch_size=4, group_size=4, optimizer=OptimizerConfig(lr=1e-3))
-    ts = TrainStep(logits_fn, cfg)
+    ts = GRPOTrainStep(logits_fn, cfg)
     rng = np.random.default_rng(0)
     params = {"embed": jnp.asarray(rng.normal(size=(V, D)), jnp.float32),
               "pos": jnp.asarray(rng.normal(size=(T, D)), jnp.float32),

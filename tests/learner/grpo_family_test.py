@@ -11,7 +11,7 @@ import pytest
 from learner.algorithms import grpo
 from learner.batching import build_microbatches
 from learner.config import GRPOConfig, LearnerConfig, OptimizerConfig
-from learner.train_step import TrainStep
+from learner.steps.grpo_step import GRPOTrainStep
 
 rng = np.random.default_rng(3)
 B, T = 4, 6
@@ -146,7 +146,7 @@ def test_ess_and_mismatch_kl_equal_their_closed_forms():
     behavior = [[float(np.log(q[t])) for t in c] for c in completions]
     groups = [_Group(0, completions[:2], behavior[:2]), _Group(1, completions[2:], behavior[2:])]
     cfg = LearnerConfig(batch_size=4, microbatch_size=2, group_size=2, optimizer=OptimizerConfig(lr=1e-3))
-    step = TrainStep(_bias_logits, cfg)
+    step = GRPOTrainStep(_bias_logits, cfg)
     mbs, stats = build_microbatches(groups, 3, 2, 0, cfg.grpo)
     _, metrics = step.update(step.init({"b": jnp.asarray(np.log(p), jnp.float32)}), mbs, stats["num_tokens"])
     rho_sq = np.sum(p**2 / q)  # E_q[rho^2], rho = p / q; E_q[rho] = 1

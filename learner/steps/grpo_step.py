@@ -1,6 +1,6 @@
 """The jitted GRPO-family train step: gradient accumulation over fixed-shape microbatches, Adam updates.
 
-Host loop per batch (TrainStep.update), with learner.minibatches = k (default 1):
+Host loop per batch (GRPOTrainStep.update), with learner.minibatches = k (default 1):
   [decoupled, k > 1: proximal = logprobs of every microbatch under the params at the batch's start]
   for minibatch in split(microbatches, k):           # k optimizer updates per batch
     grads = zeros(params)
@@ -51,7 +51,7 @@ def _sum_squares(tree) -> jax.Array:
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
 
 
-class TrainStep:
+class GRPOTrainStep:
     """GRPO learner update over a list of microbatches (see the module docstring).
 
     Args:

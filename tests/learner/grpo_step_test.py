@@ -1,4 +1,4 @@
-"""TrainStep: accumulation == full batch, no recompilation, alignment with the sampler, learning."""
+"""GRPOTrainStep: accumulation == full batch, no recompilation, alignment with the sampler, learning."""
 
 import dataclasses
 import functools
@@ -11,7 +11,7 @@ import pytest
 
 from learner.batching import build_microbatches
 from learner.config import GRPOConfig, LearnerConfig, OptimizerConfig, SFTConfig
-from learner.train_step import LearnerState, TrainStep
+from learner.steps.grpo_step import LearnerState, GRPOTrainStep
 from protocols.testing import rollout_group
 
 V, T, D = 16, 8, 8  # vocab, seq_len, width of the stand-in model
@@ -67,7 +67,7 @@ def _cfg(**grpo):
 
 def test_accumulated_gradient_equals_full_batch_gradient():
     cfg = _cfg(correction="coupled", entropy_coef=0.01)
-    step = TrainStep(logits_fn, cfg)
+    step = GRPOTrainStep(logits_fn, cfg)
     params = init_params()
     groups = make_groups(3, seed=1)  # 12 samples: 3 microbatches of 4, or one of 12
     mbs, stats = build_microbatches(groups, T, 4, PAD, cfg.grpo)
@@ -101,7 +101,7 @@ def test_accumulated_gradient_equals_full_batch_gradient():
 
 def test_padding_microbatch_adds_nothing():
     cfg = _cfg()
-    step = TrainStep(logits_fn, cfg)
+    step = GRPOTrainStep(logits_fn, cfg)
     params = init_params()
     mbs, stats = build_microbatches(make_groups(2, seed=2), T, 4, PAD, cfg.grpo)
     empty, _ = build_microbatches([rollout_group("e", "t", [1], [[]], [[]], [0.0], 0)], T, 4, PAD, cfg.grpo)
@@ -113,7 +113,7 @@ def test_padding_microbatch_adds_nothing():
 
 def test_no_recompilation_across_batch_sizes_and_hyperparameters():
     cfg = _cfg()
-    step = TrainStep(logits_fn, cfg)
+    step = GRPOTrainStep(logits_fn, cfg)
     state = step.init(init_params())
     for k, (num_groups, lr) in enumerate([(3, 1e-2), (1, 3e-3), (2, 5e-3), (4, 1e-3)]):
         state = step.set_hyperparams(state, lr=lr, b1=0.9 - 0.05 * k, b2=0.99 - 0.01 * k, eps=1e-8 * (k + 1))
@@ -136,7 +136,7 @@ def test_sampler_equal_to_learner_shows_no_mismatch(correction):
     cfg = _cfg(correction=correction, temperature=0.7)
     groups = make_groups(2, seed=4, params=params, temperature=0.7)
     mbs, stats = build_microbatches(groups, T, 4, PAD, cfg.grpo)
-    step = TrainStep(logits_fn, cfg)
+    step = GRPOTrainStep(logits_fn, cfg)
     _, metrics = step.update(step.init(params), mbs, stats["num_tokens"])
     assert metrics["logprob_diff_abs"] < 1e-5 and abs(metrics["mismatch_kl"]) < 1e-6
     np.testing.assert_allclose(metrics["ess"], 1.0, atol=1e-5)
@@ -146,14 +146,14 @@ def test_sampler_equal_to_learner_shows_no_mismatch(correction):
         return
     # Scoring at the wrong temperature is visible as a mismatch.
     wrong = _cfg(correction=correction, temperature=1.0)
-    wrong_step = TrainStep(logits_fn, wrong)
+    wrong_step = GRPOTrainStep(logits_fn, wrong)
     _, m_wrong = wrong_step.update(wrong_step.init(params), mbs, stats["num_tokens"])
     assert m_wrong["logprob_diff_abs"] > 1e-2 and m_wrong["ess"] < 1.0
 
 
 def test_updates_make_the_rewarded_completion_more_likely():
     cfg = dataclasses.replace(_cfg(correction="decoupled"), optimizer=OptimizerConfig(lr=3e-2))
-    step = TrainStep(logits_fn, cfg)
+    step = GRPOTrainStep(logits_fn, cfg)
     params = init_params(5)
     before = (np_logprob(params, 3, 1, 5), np_logprob(params, 3, 1, 6))
     group = rollout_group("g", "t", [1, 3], [[5], [6], [5], [6]],
@@ -194,7 +194,7 @@ def test_with_the_real_model():
     mcfg = ModelConfig(vocab_size=V, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=T)
     graphdef, params = llama.init_params(mcfg, 0)
     cfg = _cfg(correction="coupled")
-    step = TrainStep(functools.partial(llama.forward, graphdef), cfg)
+    step = GRPOTrainStep(functools.partial(llama.forward, graphdef), cfg)
     groups = make_groups(2, seed=6)
     mbs, stats = build_microbatches(groups, T, 4, PAD, cfg.grpo)
     (full,), _ = build_microbatches(groups, T, 8, PAD, cfg.grpo)
@@ -231,7 +231,7 @@ def test_donate_state_reuses_the_old_buffers():
     import warnings
 
     cfg = _cfg()
-    step = TrainStep(logits_fn, cfg, donate_state=True)
+    step = GRPOTrainStep(logits_fn, cfg, donate_state=True)
     params = init_params()
     mbs, stats = build_microbatches(make_groups(2, seed=7), T, 4, PAD, cfg.grpo)
     with warnings.catch_warnings():
@@ -250,8 +250,8 @@ def test_minibatches_are_sequential_updates_on_the_parts():
     # coupled: k = 2 updates per batch equal two one-update batches on the halves, bitwise.
     groups = make_groups(4, seed=3)  # 16 samples: 4 microbatches of 4
     mbs, stats = build_microbatches(groups, T, 4, PAD, GRPOConfig())
-    two = TrainStep(logits_fn, dataclasses.replace(_cfg(correction="coupled"), minibatches=2))
-    one = TrainStep(logits_fn, _cfg(correction="coupled"))
+    two = GRPOTrainStep(logits_fn, dataclasses.replace(_cfg(correction="coupled"), minibatches=2))
+    one = GRPOTrainStep(logits_fn, _cfg(correction="coupled"))
     params = init_params()
     s2, m2 = two.update(two.init(params), mbs, stats["num_tokens"])
     tokens = [int(sum(mb.loss_mask.sum() for mb in part)) for part in (mbs[:2], mbs[2:])]
@@ -274,11 +274,11 @@ def test_decoupled_minibatches_clip_around_the_policy_at_the_batch_start():
                               optimizer=OptimizerConfig(lr=0.3), minibatches=2)
     groups = make_groups(4, seed=4)
     mbs, stats = build_microbatches(groups, T, 8, PAD, cfg.grpo)  # 2 microbatches: one per update
-    step = TrainStep(logits_fn, cfg)
+    step = GRPOTrainStep(logits_fn, cfg)
     p0 = init_params()
     state, metrics = step.update(step.init(p0), mbs, stats["num_tokens"])
     # theta1: one update on the first half (its proximal is theta0 = the current params).
-    ref = TrainStep(logits_fn, dataclasses.replace(cfg, minibatches=1))
+    ref = GRPOTrainStep(logits_fn, dataclasses.replace(cfg, minibatches=1))
     p1 = ref.update(ref.init(p0), mbs[:1], int(mbs[0].loss_mask.sum()))[0].params
 
     def surrogate(mb, lp_theta, lp_prox):

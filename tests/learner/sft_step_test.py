@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from learner.config import SFTConfig
-from learner.sft import SFTStep, build_sft_batch
+from learner.steps.sft_step import SFTStep, build_sft_batch
 
 V, T, D = 16, 6, 16
 PAD = 0

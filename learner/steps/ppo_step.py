@@ -32,7 +32,7 @@ from learner.algorithms.grpo import finalize_metrics, grpo_token_loss, token_sum
 from learner.algorithms.logprobs import token_logprobs_and_entropy
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
-from learner.train_step import _sum_squares, count_sequences
+from learner.steps.grpo_step import _sum_squares, count_sequences
 
 
 class PPOState(NamedTuple):
@@ -59,7 +59,7 @@ def _values(head, hidden) -> jax.Array:
 
 
 class PPOTrainStep:
-    """PPO learner update with the TrainStep interface (init, update, set_hyperparams, cache_sizes).
+    """PPO learner update with the GRPOTrainStep interface (init, update, set_hyperparams, cache_sizes).
 
     Args:
       graphdef: the policy's nnx GraphDef (the critic trunk, if separate, shares it).
@@ -229,7 +229,7 @@ class PPOTrainStep:
         """One PPO update on the whole batch (microbatches from build_microbatches, with rewards).
 
         Returns:
-          (new state, host metrics): those of TrainStep.update (loss, pg_loss, clip_frac, ess,
+          (new state, host metrics): those of GRPOTrainStep.update (loss, pg_loss, clip_frac, ess,
           mismatch_kl, entropy, grad_norm, microbatch_grad_norm_sq, ...) plus value_loss,
           value_mean, return_mean, explained_variance, value_clip_frac, advantage_mean / _std
           (GAE, before whitening), kl_ref and kl_ref_start (if kl_coef > 0), critic_grad_norm.

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from train_step_test import PAD, T, V, make_groups  # noqa: E402  (shared stand-in groups)
+from grpo_step_test import PAD, T, V, make_groups  # noqa: E402  (shared stand-in groups)
 
 from learner.batching import build_microbatches  # noqa: E402
 from learner.config import LearnerConfig, OptimizerConfig, PPOConfig  # noqa: E402
-from learner.factory import make_train_step  # noqa: E402
+from learner.steps import make_train_step  # noqa: E402
 from learner.models import llama  # noqa: E402
 from learner.models.config import ModelConfig  # noqa: E402
-from learner.ppo import PPOState, PPOTrainStep  # noqa: E402
+from learner.steps.ppo_step import PPOState, PPOTrainStep  # noqa: E402
 
 
 @pytest.fixture(scope="module")

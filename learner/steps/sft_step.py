@@ -16,7 +16,7 @@ import optax
 from learner.algorithms.logprobs import token_logprobs_and_entropy
 from learner.batching import Microbatch, empty_microbatch
 from learner.config import SFTConfig
-from learner.train_step import LogitsFn
+from learner.steps.grpo_step import LogitsFn
 
 
 def build_sft_batch(
