@@ -5,6 +5,8 @@
     cadence train --print-config [key=value ...]        show the resolved config and exit
     cadence eval RUN_DIR                                greedy held-out evaluation of a finished run
     cadence experiment NAME [--quick] [key=value ...]   batch-invariance | throughput | decision-rule
+    cadence actor --connect ENDPOINT [--keys DIR]       join a running learner as an actor process
+    cadence keys DIR                                    write CurveZMQ keys (actors.keys_dir=DIR)
 
 Exit status: 0 done (also after SIGTERM/SIGINT with a final checkpoint), 1 runtime failure,
 2 bad config (the message names the key), 3 nothing to do (the run already finished).
@@ -51,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--metric", default=None, choices=["eval/reward", "eval/exact_match"])
     x.add_argument("--concurrencies", type=int, nargs="+", default=None, help="throughput: prompts per call")
     x.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the base training config")
+    a = sub.add_parser("actor", help="join a running learner as an actor process (this host or another)")
+    a.add_argument("--connect", required=True, metavar="ENDPOINT",
+                   help="the learner's dispatcher, e.g. tcp://10.0.0.5:5555 (RUN_DIR/endpoint.json has it)")
+    a.add_argument("--keys", default="", metavar="DIR", help="CurveZMQ keys (server.key, client.key, "
+                   "client.key_secret) when the learner listens with actors.keys_dir")
+    a.add_argument("--id", default="", help="actor name, unique among the run's actors (default HOST-PID)")
+    k = sub.add_parser("keys", help="write a CurveZMQ key set for actors.keys_dir")
+    k.add_argument("dir")
     return p
 
 
@@ -152,6 +162,18 @@ def cmd_experiment(args) -> int:
     return 0
 
 
+def cmd_keys(args) -> int:
+    from protocols.zmq_transport import SecurityError, write_keys
+
+    try:
+        keys = write_keys(args.dir)
+    except SecurityError as e:
+        return _fail(str(e), EXIT_CONFIG)
+    print(json.dumps({"keys_dir": keys.directory, "learner": "actors.keys_dir=" + keys.directory,
+                      "actor_hosts_need": ["server.key", "client.key", "client.key_secret"]}))
+    return 0
+
+
 _OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
 _ONE_VALUE = {"--out", "--config", "--max-samples", "--eval-samples", "--target", "--metric"}
 
@@ -184,6 +206,12 @@ def main(argv=None) -> int:
         return cmd_train(args)
     if args.command == "experiment":
         return cmd_experiment(args)
+    if args.command == "actor":
+        from launch.actor_process import default_actor_id, main as actor_main
+
+        return actor_main(args.connect, args.id or default_actor_id(), args.keys)
+    if args.command == "keys":
+        return cmd_keys(args)
     return cmd_eval(args)
 
 

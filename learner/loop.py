@@ -25,6 +25,10 @@ class PipelineStopped(RuntimeError):
     """The generation side stopped (an actor failed or the run was interrupted)."""
 
 
+class StopRequested(PipelineStopped):
+    """The run's stop event was set (a signal): the loop ends at the last completed step."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
     batch_size: int  # samples per update
@@ -79,7 +83,6 @@ class LearnerLoop:
         # groups whose advantages are all zero. Dropped groups free their admission slots.
         self.group_filter: Callable[[Any], str | None] | None = None
         self.dropped: dict[str, int] = {}
-        self.stop_reason = ""  # "preempted" when a signal asked for a clean exit
         self.on_concurrency = on_concurrency or (lambda c: None)
 
     def set_batch_size(self, batch_size: int) -> None:
@@ -109,9 +112,9 @@ class LearnerLoop:
         groups, staleness, dropped = [], [], 0
         t0 = time.perf_counter()
         while len(groups) < need:
+            self.health()  # first: a failed actor sets stop too, and its own error is the news
             if stop is not None and stop.is_set():
-                raise PipelineStopped("stopped while waiting for samples")
-            self.health()
+                raise StopRequested("stopped while waiting for samples")
             group = self.transport.get(timeout=0.1)
             if group is None:
                 continue
@@ -168,10 +171,8 @@ class LearnerLoop:
         for step in range(start_step, num_steps):
             try:
                 batch = self.collect(stop)
-            except PipelineStopped:
-                if stop is not None and stop.is_set() and self.stop_reason == "preempted":
-                    break  # graceful: the caller checkpoints the last completed step
-                raise
+            except StopRequested:
+                break  # graceful: the caller checkpoints the last completed step
             state, metrics = self.train_on(state, batch)
             version = step + 1
             self.weights.publish(state.params, version)

@@ -54,7 +54,7 @@ def measure(base: Config, concurrencies, batch_sizes, repeats: int, min_seconds:
                        policy.tokenizer.pad_id)
     stream = PromptStream(task)
     weights = InProcessWeights(policy.params, 0)
-    actor = Actor("probe", engine, task, stream, None, weights, None, G, 1, base.actors.seed)
+    actor = Actor("probe", engine, task, None, weights, G, 1, base.actors.seed)
     gen = []
     for c in concurrencies:
         prompts = stream.take(c)

@@ -6,12 +6,21 @@ import msgspec
 import pytest
 
 from protocols.errors import InvalidMessage, ProtocolError
+from protocols.codec import decode, encode
 from protocols.messages import (
     MESSAGE_TYPES,
     Control,
     EngineTimings,
+    Goodbye,
+    Grant,
+    Heartbeat,
+    Hello,
+    Reset,
     RolloutGroup,
     WeightsPublished,
+    WeightsRequest,
+    Welcome,
+    WorkRequest,
 )
 
 
@@ -154,7 +163,28 @@ def test_messages_are_frozen_and_keyword_only():
 
 def test_message_types_have_distinct_tags_in_the_type_field():
     examples = [make_group(), WeightsPublished(version=1, step=2, location="inproc", published_at=0.0),
-                Control(stop=True)]
+                WeightsRequest(have_version=3), Control(stop=True), Hello(actor_id="a", capacity=2),
+                Welcome(session="s", config={}, weights_endpoint="", version=0, heartbeat_seconds=1.0,
+                        concurrency=1),
+                WorkRequest(actor_id="a", capacity=1),
+                Grant(grant_id="g", prompt_indices=[4], prompt_ids=["t/train/4"], version=0, min_version=0),
+                Heartbeat(sender="a"), Goodbye(actor_id="a"), Reset(session="s")]
     assert [type(m) for m in examples] == list(MESSAGE_TYPES)
     tags = [msgspec.to_builtins(m)["type"] for m in examples]
-    assert tags == ["rollout_group", "weights_published", "control"]
+    assert tags == ["rollout_group", "weights_published", "weights_request", "control", "hello", "welcome",
+                    "work_request", "grant", "heartbeat", "goodbye", "reset"]
+    for m in examples:  # every kind survives the wire
+        assert decode(encode(m)) == m
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: Hello(actor_id="", capacity=1), "Hello.actor_id"),
+    (lambda: Hello(actor_id="a", capacity=0), "Hello.capacity"),
+    (lambda: Grant(grant_id="g", prompt_indices=[], prompt_ids=[], version=0, min_version=0), "Grant.prompt_indices"),
+    (lambda: Grant(grant_id="g", prompt_indices=[1, 2], prompt_ids=["x"], version=0, min_version=0),
+     "Grant.prompt_ids"),
+    (lambda: WorkRequest(actor_id="a", capacity=0), "WorkRequest.capacity"),
+])
+def test_dispatcher_messages_name_the_bad_field(make, field):
+    with pytest.raises(InvalidMessage, match=field):
+        make()
