@@ -35,7 +35,7 @@ from protocols.messages import Control
 from protocols.transport import InProcessTransport
 from protocols.weights import InProcessWeights
 from protocols.weights_wire import WeightServer
-from protocols.zmq_transport import CurveKeys
+from protocols.zmq_transport import CurveKeys, stop_authenticator
 
 ENDPOINT_FILE = "endpoint.json"
 
@@ -151,6 +151,7 @@ class Pipeline:
         self.server.stop(min(2.0, _left(deadline)))
         if self.weight_server is not None:
             self.weight_server.stop(min(2.0, _left(deadline)))
+        stop_authenticator(self.ctx)
         self.ctx.destroy(linger=0)
 
     def abort(self) -> None:

@@ -84,6 +84,12 @@ class Checkpointer:
         t0 = time.perf_counter()
         try:
             self.wait()  # one save at a time; raises if the previous background save failed
+            if step in self.manager.all_steps():
+                # A signal right after a periodic save: the arrays are those on disk already. Only a
+                # run's last save (meta "finished") must replace it, so a resume knows it is done.
+                if not meta.get("finished"):
+                    return
+                self.manager.delete(step)
             if self._writer is None or wait:
                 self._write(step, arrays, meta)
             else:

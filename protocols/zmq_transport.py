@@ -25,6 +25,7 @@ import ipaddress
 import os
 import threading
 import time
+import weakref
 from urllib.parse import urlsplit
 
 import zmq
@@ -125,23 +126,29 @@ def check_bind(endpoint: str, authenticated: bool, key_name: str = "actors.keys_
 
 
 _auth_lock = threading.Lock()
-_authenticators: dict[int, ThreadAuthenticator] = {}
+_authenticators: "weakref.WeakKeyDictionary[zmq.Context, ThreadAuthenticator]" = weakref.WeakKeyDictionary()
 
 
 def _authenticator(ctx: zmq.Context, keys: CurveKeys) -> None:
-    """One ZAP authenticator per context, allowing exactly the keys in authorized_clients/."""
+    """One ZAP authenticator per context, allowing exactly the keys in authorized_clients/.
+    (Without one, a Curve server would accept any client key.)"""
     with _auth_lock:
-        if id(ctx) in _authenticators:
+        auth = _authenticators.get(ctx)
+        if auth is not None:
+            if auth._cadence_location != keys.authorized_dir:
+                raise SecurityError("keys: one ZeroMQ context cannot serve two key sets")
             return
         auth = ThreadAuthenticator(ctx)
         auth.start()
         auth.configure_curve(domain="*", location=keys.authorized_dir)
-        _authenticators[id(ctx)] = auth
+        auth._cadence_location = keys.authorized_dir
+        _authenticators[ctx] = auth
 
 
 def stop_authenticator(ctx: zmq.Context) -> None:
+    """Stop the context's authenticator thread (before destroying the context)."""
     with _auth_lock:
-        auth = _authenticators.pop(id(ctx), None)
+        auth = _authenticators.pop(ctx, None)
     if auth is not None:
         auth.stop()
 
