@@ -89,7 +89,7 @@ class SGLangConfig:
 @dataclasses.dataclass(frozen=True)
 class ActorsConfig:
     engine: Literal["jax", "sglang"] = "jax"  # generation engine: the built-in JAX sampler or SGLang servers
-    num_actors: int = 1  # actor threads in the learner's process (used when processes = 0)
+    num_actors: int = 1  # actor threads in the learner's process (used when processes = 0; 0 = only actors that join with `cadence actor`)
     processes: int = 0  # actor processes on this machine instead of threads, restarted if they die (engine=jax)
     prompts_per_call: int = 16  # prompts per engine call (x group_size completions): the concurrency
     max_staleness: int = 1  # policy versions a sample may lag the step that trains on it; 0 = synchronous
@@ -105,8 +105,11 @@ class ActorsConfig:
     sglang: SGLangConfig = dataclasses.field(default_factory=SGLangConfig)  # used when engine=sglang
 
     def validate(self) -> None:
-        if self.num_actors < 1:
-            raise ValueError(f"num_actors: must be >= 1, got {self.num_actors}")
+        if self.num_actors < 0:
+            raise ValueError(f"num_actors: must be >= 0, got {self.num_actors}")
+        if self.num_actors == 0 and self.processes == 0 and not self.listen:
+            raise ValueError("num_actors: 0 actor threads and no actor processes need actors.listen, where actors "
+                             "started with `cadence actor --connect` join")
         if self.prompts_per_call < 1:
             raise ValueError(f"prompts_per_call: must be >= 1, got {self.prompts_per_call}")
         if self.max_staleness < 0:

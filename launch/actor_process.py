@@ -50,8 +50,12 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
         return EXIT_FAILED
     worker = threading.Thread(target=_work, args=(actor, stop), name=actor_id, daemon=True)
     worker.start()
+    session = welcome.session
     while worker.is_alive() and not stop.is_set():
         worker.join(0.2)
+        if client.session and client.session != session:  # the learner restarted and took us back
+            session = client.session
+            log(f"{actor_id}: joined session {session} (the learner restarted)")
     if actor.error is not None:  # the worker already said Goodbye with the error
         log(f"{actor_id}: failed: {type(actor.error).__name__}: {actor.error}")
         return EXIT_FAILED
