@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from learner.models.named_arrays import from_named_arrays
+from learner.models.named_arrays import ParamLayout
 from protocols.weights_wire import WeightClient
 
 
@@ -24,7 +24,7 @@ class RemoteWeights:
                  timeout: float = 120.0):
         self._connect, self._endpoint_fn = connect, endpoint_fn
         self._client: WeightClient | None = None
-        self.template = template
+        self.layout = ParamLayout(template)
         self.timeout = timeout
         self._params, self._version = template, -1
         self.fetch_seconds = 0.0
@@ -53,7 +53,7 @@ class RemoteWeights:
             self.fetch_seconds += time.perf_counter() - t0
             if got is not None:
                 v, named = got
-                self._params, self._version = from_named_arrays(self.template, named), v
+                self._params, self._version = self.layout.build(named), v
             elif time.monotonic() > deadline:  # the server says we are current, yet the grant wants newer
                 raise TimeoutError(f"weights: version {version} was granted but the weight server "
                                    f"still serves {self._version}")

@@ -26,7 +26,7 @@ import zmq
 from actors.actor_loop import Actor
 from launch.supervisor import ActorSupervisor
 from learner.loop import PipelineStopped
-from learner.models.named_arrays import named_arrays
+from learner.models.named_arrays import ParamLayout
 from protocols.admission import AdmissionGate
 from protocols.dispatch import DispatchServer, Dispatcher, DispatchSettings
 from protocols.dispatch_client import DispatcherClient
@@ -59,7 +59,8 @@ class Pipeline:
             if listen else None
         if self.weight_server is not None:
             params, version = weights.latest()
-            self.weight_server.publish(version, lambda: named_arrays(params))
+            self.layout = ParamLayout(params)
+            self.weight_server.publish(version, lambda: self.layout.named(params))
         settings = DispatchSettings(
             group_size=cfg.learner.group_size, heartbeat_seconds=a.heartbeat_seconds,
             heartbeat_timeout_seconds=a.heartbeat_timeout_seconds,
@@ -163,7 +164,7 @@ class Pipeline:
     # -- what the learner loop calls ------------------------------------------------------------
     def publish(self, params, version: int) -> None:
         if self.weight_server is not None:  # first: the dispatcher may grant `version` right after
-            self.weight_server.publish(version, lambda: named_arrays(params))
+            self.weight_server.publish(version, lambda: self.layout.named(params))
         self.weights.publish(params, version)
         self.server.wake()
 
@@ -195,6 +196,7 @@ class Pipeline:
         with self.server.lock:
             totals = self.server.core.totals()
         out["actors/samples_received"] = totals.get("samples", 0)
+        out["actors/generate_seconds"] = totals.get("generate_seconds", 0.0)
         out["actors/tokens_received"] = totals.get("tokens", 0)
         out["actors/concurrency"] = self.concurrency
         if self.supervisor is not None:

@@ -185,8 +185,9 @@ def _enrich(cfg, pipe: Pipeline, actor_engine, clock, begin):
         tokens = pm.pop("actors/tokens_received")
         m["wall_time"] = now
         m["actors/tokens_per_second"] = (tokens - last["tokens"]) / max(now - last["t"], 1e-9)
-        m["actors/generate_seconds"] = sum(a.stats.generate_seconds for a in pipe.actors) \
-            if pipe.actors else sum(v for k, v in pm.items() if k.endswith("/generate_seconds"))
+        m["actors/generate_seconds"] = pm.pop("actors/generate_seconds")
+        if pipe.actors:  # actor threads: time blocked waiting for a grant (the staleness bound)
+            m["actors/admission_wait_seconds"] = sum(a.stats.wait_seconds for a in pipe.actors)
         # cumulative over the run's life (a resumed run starts from what its checkpoint had produced)
         m["actors/samples"] = before + pm.pop("actors/samples_received")
         m.update(pm)

@@ -90,7 +90,7 @@ class ActorRecord:
     samples: int = 0
     tokens: int = 0
     groups: int = 0
-    generate_seconds: float = 0.0
+    generate_seconds: float = 0.0  # engine time of the groups received
     rate_mark: tuple[float, int] = (0.0, 0)  # (time, samples) at the last metrics read
 
     @property
@@ -151,7 +151,7 @@ class Dispatcher:
         if isinstance(msg, Heartbeat):
             if msg.phase != rec.phase:
                 rec.phase, rec.phase_since = msg.phase, now - msg.phase_seconds
-            rec.version, rec.generate_seconds = msg.version, msg.generate_seconds
+            rec.version = msg.version
             return []
         if isinstance(msg, Goodbye):
             self._expel(rec, f"left: {msg.reason}" if msg.reason else "left", msg.error)
@@ -199,6 +199,7 @@ class Dispatcher:
         rec.groups += 1
         rec.samples += len(group.rewards)
         rec.tokens += group.timings.num_tokens
+        rec.generate_seconds += group.timings.generate_seconds  # the engine call's time, shared by its groups
         self.deliver(group)
         return []
 
@@ -273,7 +274,8 @@ class Dispatcher:
         rec.grants.clear()
         del self.actors[rec.actor_id]
         self.by_peer.pop(rec.peer, None)
-        self.retired.update(samples=rec.samples, tokens=rec.tokens, groups=rec.groups)
+        self.retired.update(samples=rec.samples, tokens=rec.tokens, groups=rec.groups,
+                            generate_seconds=rec.generate_seconds)
         self.counts["gone"] += 1
         self.on_actor_gone(rec.actor_id, reason, error)
 
@@ -286,7 +288,8 @@ class Dispatcher:
     def totals(self) -> dict:
         live = Counter()
         for rec in self.actors.values():
-            live.update(samples=rec.samples, tokens=rec.tokens, groups=rec.groups)
+            live.update(samples=rec.samples, tokens=rec.tokens, groups=rec.groups,
+                        generate_seconds=rec.generate_seconds)
         return dict(self.retired + live)
 
     def metrics(self, now: float) -> dict:
