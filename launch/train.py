@@ -30,7 +30,8 @@ from actors.tasks.base import make_task
 from launch import artifacts, run_state
 from launch.config_loader import ConfigError, to_dict
 from launch.config import Config, seq_len as config_seq_len
-from launch.metrics import Clock, MetricsWriter, Progress
+from launch.metrics import Clock, Progress
+from launch.sinks import open_sinks
 from launch.policy import build_policy, export_policy
 from learner.controller import make_controller
 from learner.dynamic_sampling import make_group_filter
@@ -210,6 +211,8 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     begin = _begin(cfg, run_dir, checkpointer, state, task, progress, resume, resuming)
     step0, state, restored, meta = begin.step0, begin.state, begin.restored, begin.meta
     ledger, stream, clock, summary = begin.ledger, begin.stream, begin.clock, begin.summary
+    # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/sinks.py)
+    sinks = open_sinks(cfg.run, run_dir, to_dict(cfg), resumed=restored, step0=step0)
     sft_metrics = {}
     progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(params):,} params | "
                      f"batch {cfg.learner.batch_size} samples (G={G}) | "
@@ -253,11 +256,10 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     if restored:
         loop.samples = meta["samples"]
         loop.dropped = dict(meta["dropped"])
-    writer = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"))
     if not restored:
         record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics,
                    **evaluate(engine, task, state.params, heldout)}
-        writer.write(record0)
+        sinks.write(record0)
         progress.message(f"before RL: held-out exact match {record0['eval/exact_match']:.3f}")
 
     last = {"t": clock(), "tokens": 0}
@@ -274,6 +276,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         m["actors/concurrency"] = actors[0].prompts_per_call
         # cumulative over the run's life (a resumed run starts from what its checkpoint had produced)
         m["actors/samples"] = samples_before + sum(a.stats.samples for a in actors)
+        m["queue/depth"] = transport.qsize()  # groups waiting for the learner (sinks: Prometheus)
         if cfg.actors.engine == "sglang":  # cumulative counters: re-issues, misaligned responses, restarts, syncs
             m.update({f"sglang/{k}": v for k, v in dataclasses.asdict(actor_engine.stats).items()})
         last.update(t=now, tokens=tokens)
@@ -315,7 +318,9 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
             m.update(summary["last_eval"])
             m["wall_time"] = clock()
         m["checkpoint/blocked_seconds"] = checkpointer.blocked_seconds
-        writer.write(m)
+        m["checkpoint/last_saved_at"] = checkpointer.last_saved_at  # unix time; status/Prometheus show its age
+        m.update({f"dropped/{reason}": n for reason, n in loop.dropped.items()})  # cumulative, by reason
+        sinks.write(m)
         if step % cfg.run.log_every == 0 or "eval/exact_match" in m or final:
             progress.line(m)
         em = m.get("eval/exact_match")
@@ -353,7 +358,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         transport.close()
         for t in threads:
             t.join(timeout=30)
-        writer.close()
+        sinks.close()
         checkpointer.close()
         if actor_engine is not engine:
             actor_engine.close()  # stops the servers it launched
@@ -369,4 +374,5 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     summary.pop("last_eval", None)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
+    sinks.finish(summary)  # heartbeat: finished / preempted
     return summary
