@@ -131,6 +131,7 @@ class Sinks:
         else:
             self._opened.set()
         self._closed = False
+        self._handled_at_open = sys.exc_info()[1]  # train() may itself run inside an `except:`
 
     def write(self, record: dict) -> None:
         self.jsonl.write(record)
@@ -153,7 +154,8 @@ class Sinks:
         if self._closed:
             return
         self._closed = True
-        failed = sys.exc_info()[1] is not None  # called from a `finally:` while an error propagates
+        error = sys.exc_info()[1]  # called from a `finally:`: set while an error propagates
+        failed = error is not None and error is not self._handled_at_open
         try:
             if self._thread is not None:
                 self._queue.put(None)

@@ -216,8 +216,8 @@ def render(st: dict):
     total = f" / {st['steps_total']}" if st.get("steps_total") else ""
     t.add_row("step", f"{_num(st['step'], '{}')}{total}   samples {_num(st['samples'], '{:,}')}"
                       f"   batch {_num(st['batch_size'], '{}')}")
-    t.add_row("reward", f"{_num(st['reward'])}{_trend(st['reward_trend'])}  (mean of the last {WINDOW} "
-                        f"updates, change vs the {WINDOW} before)")
+    t.add_row("reward", f"{_num(st['reward'])}{_trend(st['reward_trend'])}  (last {WINDOW} updates vs the "
+                        f"{WINDOW} before)")
     em_at = f" at step {st['exact_match_step']}" if st["exact_match_step"] is not None else ""
     t.add_row("held-out exact match", f"{_num(st['exact_match'])}{_trend(st['exact_match_trend'])}{em_at}")
     t.add_row("throughput", f"{_num(st['samples_per_second'], '{:.1f}')} samples/s   generation "
@@ -225,9 +225,9 @@ def render(st: dict):
                             f"{_k(st['training_tokens_per_second'])} tok/s")
     t.add_row("staleness", f"mean {_num(st['staleness_mean'], '{:.2f}')}   max {_num(st['staleness_max'], '{}')}"
                            f"   queue {_num(st['queue_depth'], '{}')}")
-    alive = st["actors_alive"] if st["actors_alive"] is not None else "-"
+    alive = f"{st['actors_alive']} alive, " if st["actors_alive"] is not None else ""
     dropped = ", ".join(f"{k} {v}" for k, v in st["dropped"].items()) or "none"
-    t.add_row("actors", f"{alive} alive of {_num(st['actors_configured'], '{}')} configured   dropped: {dropped}")
+    t.add_row("actors", f"{alive}{_num(st['actors_configured'], '{}')} configured   dropped groups: {dropped}")
     ckpt = "none yet" if st["checkpoint_step"] is None else \
         f"step {st['checkpoint_step']}, {_duration(st['checkpoint_age'])} ago"
     t.add_row("last checkpoint", ckpt)

@@ -56,19 +56,22 @@ def dead_pid() -> int:
 
 
 @pytest.mark.parametrize("hb, summary, state", [
-    (beat(), None, "running"),
-    (beat(pid=dead_pid()), None, "dead"),  # kill -9: the process is gone, no final word
-    (beat(age=60.0), None, "dead"),  # alive, but no heartbeat for 60 s (interval 5): hung
-    (beat(host="another-host", pid=1, age=2.0), None, "running"),  # another host: freshness decides
-    (beat(host="another-host", pid=1, age=600.0), None, "dead"),
-    (beat("finished"), {"preempted": False}, "finished"),
-    (beat("preempted"), {"preempted": True}, "preempted"),
-    (beat("failed"), None, "dead"),
+    # heartbeats are made when the test runs (a parameter is built at collection, minutes earlier)
+    (dict(), None, "running"),
+    (dict(pid="dead"), None, "dead"),  # kill -9: the process is gone, no final word
+    (dict(age=60.0), None, "dead"),  # alive, but no heartbeat for 60 s (interval 5): hung
+    (dict(host="another-host", pid=1, age=2.0), None, "running"),  # another host: freshness decides
+    (dict(host="another-host", pid=1, age=600.0), None, "dead"),
+    (dict(state="finished"), {"preempted": False}, "finished"),
+    (dict(state="preempted"), {"preempted": True}, "preempted"),
+    (dict(state="failed"), None, "dead"),
     (None, {"preempted": True}, "preempted"),  # a run from before heartbeats
     (None, {"preempted": False}, "finished"),
     (None, None, "dead"),
 ])
 def test_state_and_exit_code(tmp_path, hb, summary, state, capsys):
+    if hb is not None:
+        hb = beat(**dict(hb, pid=dead_pid()) if hb.get("pid") == "dead" else hb)
     run = make_run(tmp_path / "run", records=records(5), hb=hb, summary=summary)
     assert status.run_status(run)["state"] == state
     assert cli.main(["status", run]) == status.EXIT_CODES[state]
