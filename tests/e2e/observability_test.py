@@ -17,7 +17,7 @@ import pytest
 from launch.metrics import read_metrics
 from launch.prometheus import GAUGES
 from launch.sinks import scalars
-from tests.e2e.wandb_offline import read_offline_run
+from tests.sink_readers import read_offline_run, tensorboard_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -69,14 +69,6 @@ def scrape(port) -> dict[str, float] | None:
         return None
     return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in body.splitlines()
             if ln and not ln.startswith("#")}
-
-
-def tensorboard_scalars(logdir):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
 def newest_before(rows, step, key):

@@ -12,6 +12,7 @@ from launch.heartbeat import Heartbeat
 from launch.metrics import MetricsWriter, read_metrics
 from launch.prometheus import PrometheusSink, RecordCollector
 from launch.sinks import Sinks, TensorBoardSink, open_sinks, scalars
+from tests.sink_readers import tensorboard_scalars
 
 RECORDS = [
     {"step": 0, "samples": 0, "wall_time": 1.5, "eval/exact_match": 0.05, "sft/loss": 2.25},
@@ -29,20 +30,12 @@ def test_scalars_keeps_finite_numbers_and_flattens_dicts():
     assert got == {"a": 1.0, "b": 2.5, "g/h": 3.0, "g/i/j": 4.0, "k": 1.0}
 
 
-def _tb_scalars(logdir):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
-
-
 def test_tensorboard_event_files_hold_the_records_values(tmp_path):
     sink = TensorBoardSink(str(tmp_path), {"run": {"steps": 2}}, purge_step=None)
     for r in RECORDS:
         sink.write(r, scalars(r))
     sink.close()
-    tb = _tb_scalars(str(tmp_path / "tensorboard"))
+    tb = tensorboard_scalars(str(tmp_path / "tensorboard"))
     expected = {}
     for r in RECORDS:
         for k, v in scalars(r).items():

@@ -1,4 +1,5 @@
-"""Read a W&B offline run directory (RUN_DIR/wandb/offline-run-*/run-<id>.wandb) without W&B's servers.
+"""Read back what the metric sinks wrote: TensorBoard event files (TensorBoard's own reader) and a
+W&B offline run directory (RUN_DIR/wandb/offline-run-*/run-<id>.wandb) without W&B's servers.
 
 The .wandb file is W&B's transaction log: a 7-byte header (":W&B", magic, version), then LevelDB-log
 framed records (32 KiB blocks; each chunk: crc32c, length, type FULL/FIRST/MIDDLE/LAST) holding
@@ -35,6 +36,15 @@ def _chunks(data: bytes):
         elif kind == LAST:
             yield pending + body
             pending = b""
+
+
+def tensorboard_scalars(logdir: str) -> dict[str, dict[int, float]]:
+    """{tag: {step: value}} from every event file under logdir (a resumed run's purged steps gone)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
 
 
 def read_offline_run(run_dir: str) -> dict:
