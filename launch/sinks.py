@@ -13,7 +13,8 @@ of the run; training goes on. The heartbeat (launch/heartbeat.py) for `cadence s
 
 TensorBoard: RUN_DIR/tensorboard, one scalar per number in the record (float32, as TensorBoard
 stores them), the config as text; a resumed run purges the steps after its checkpoint.
-W&B: the run id is kept in RUN_DIR/wandb.json, so `--resume` continues the same W&B run
+W&B: the run id is kept in RUN_DIR/wandb.json, so `--resume` continues the same W&B run (a fresh
+start, e.g. resume=auto with no checkpoint yet, begins a new W&B run)
 (`WANDB_MODE=offline` writes RUN_DIR/wandb/offline-run-*; `wandb sync` uploads it later).
 """
 from __future__ import annotations
@@ -101,11 +102,11 @@ class TensorBoardSink:
 class WandbSink:
     name = "wandb"
 
-    def __init__(self, run_dir: str, project: str, entity: str, config: dict):
+    def __init__(self, run_dir: str, project: str, entity: str, config: dict, resumed: bool):
         import wandb
 
         id_path = os.path.join(run_dir, "wandb.json")
-        if os.path.isfile(id_path):
+        if resumed and os.path.isfile(id_path):
             with open(id_path) as f:
                 run_id = json.load(f)["id"]
         else:
@@ -243,9 +244,11 @@ def open_sinks(run_cfg, run_dir: str, config: dict, resumed: bool = False, step0
             import_tensorboardx()  # here, on the caller's thread (see its docstring)
         except Exception:  # noqa: BLE001 - reported when the sink opens
             pass
-        factories["tensorboard"] = lambda: TensorBoardSink(run_dir, config, step0 + 1 if resumed else None)
+        # purge: TensorBoard drops earlier events from this step on (the redone stretch after a
+        # resume; everything of an attempt that never reached a checkpoint, for a fresh start)
+        factories["tensorboard"] = lambda: TensorBoardSink(run_dir, config, step0 + 1 if resumed else 0)
     if "wandb" in run_cfg.loggers:
-        factories["wandb"] = lambda: WandbSink(run_dir, run_cfg.wandb_project, run_cfg.wandb_entity, config)
+        factories["wandb"] = lambda: WandbSink(run_dir, run_cfg.wandb_project, run_cfg.wandb_entity, config, resumed)
     if run_cfg.prometheus_port:
         from launch.prometheus import PrometheusSink
 

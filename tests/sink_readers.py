@@ -38,13 +38,22 @@ def _chunks(data: bytes):
             pending = b""
 
 
-def tensorboard_scalars(logdir: str) -> dict[str, dict[int, float]]:
-    """{tag: {step: value}} from every event file under logdir (a resumed run's purged steps gone)."""
+def tensorboard_events(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} as TensorBoard shows them (a resumed run's purged steps gone)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
     acc.Reload()
-    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def tensorboard_scalars(logdir: str) -> dict[str, dict[int, float]]:
+    """{tag: {step: value}}; each step must appear once."""
+    out = {}
+    for tag, events in tensorboard_events(logdir).items():
+        out[tag] = dict(events)
+        assert len(out[tag]) == len(events), f"{tag}: a step logged twice"
+    return out
 
 
 def read_offline_run(run_dir: str) -> dict:

@@ -12,7 +12,7 @@ from launch.heartbeat import Heartbeat
 from launch.metrics import MetricsWriter, read_metrics
 from launch.prometheus import PrometheusSink, RecordCollector
 from launch.sinks import Sinks, TensorBoardSink, open_sinks, scalars
-from tests.sink_readers import tensorboard_scalars
+from tests.sink_readers import tensorboard_events, tensorboard_scalars
 
 RECORDS = [
     {"step": 0, "samples": 0, "wall_time": 1.5, "eval/exact_match": 0.05, "sft/loss": 2.25},
@@ -44,6 +44,20 @@ def test_tensorboard_event_files_hold_the_records_values(tmp_path):
     assert set(tb) == set(expected)
     for tag, by_step in expected.items():
         assert tb[tag] == pytest.approx(by_step, rel=1e-6), tag  # TensorBoard stores float32
+
+
+def test_tensorboard_after_a_resume_keeps_only_the_redone_steps(tmp_path):
+    first = TensorBoardSink(str(tmp_path), {}, purge_step=0)
+    for s in range(6):  # steps 4 and 5 are lost: the checkpoint was at step 3
+        first.write({"step": s}, {"reward/mean": float(s)})
+    first.close()
+    time.sleep(1.1)  # event files are named by the second they were opened in
+    resumed = TensorBoardSink(str(tmp_path), {}, purge_step=4)
+    for s in range(4, 8):
+        resumed.write({"step": s}, {"reward/mean": 10.0 + s})
+    resumed.close()
+    got = tensorboard_events(str(tmp_path / "tensorboard"))["reward/mean"]
+    assert got == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0), (6, 16.0), (7, 17.0)]
 
 
 def _sinks(tmp_path, factories, warnings):
