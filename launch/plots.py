@@ -56,7 +56,7 @@ def pyplot():
     try:
         import matplotlib
     except ImportError as e:
-        raise ImportError("plots need matplotlib: pip install 'cadence-rl[plots]'") from e
+        raise ImportError("plots need matplotlib: pip install 'cadence-rl[plots]' (or -e '.[plots]' in a checkout)") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

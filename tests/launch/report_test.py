@@ -95,3 +95,10 @@ def test_experiment_plots_use_the_shared_module(tmp_path, monkeypatch):
 def test_one_run_report_defaults_into_its_folder(tmp_path, n):
     run = make_run(tmp_path / "r", records=records(n), hb=beat("finished"), summary={"preempted": False})
     assert report.write_report([run]) == str(tmp_path / "r" / "report.html")
+
+
+def test_without_matplotlib_the_report_says_which_extra(tmp_path, monkeypatch, capsys):
+    run = make_run(tmp_path / "r", records=records(3), hb=beat("finished"), summary={"preempted": False})
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    assert cli.main(["report", run]) == 1
+    assert "cadence-rl[plots]" in capsys.readouterr().err
