@@ -4,8 +4,10 @@
 run.prometheus_port, with /metrics scraped every second while the run trains. Baseline: the same
 run with metrics.jsonl only (the default). Both are time_to_target.py's measurement (a fresh
 process per run, wall seconds until held-out exact match >= 0.5, compilation included), seeds
-interleaved (jsonl, all, jsonl, all, ...) so a change in machine load hits both alike.
-Prints one JSON line: medians over seeds and their ratio (goal <= 1.05).
+interleaved (jsonl, all, jsonl, all, ...) so a change in machine load hits both alike. Also the
+CPU seconds each training process (and the children it waited for) used until it exited: on a
+shared machine wall time swings with other jobs, CPU time much less.
+Prints one JSON line: medians over seeds and their ratios (goal: time-to-target ratio <= 1.05).
 
     python benchmarks/sinks_bench.py [--seeds 0 1 2] [--keep DIR]
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -61,18 +64,23 @@ def main() -> None:
                 watch = threading.Thread(target=scraper, args=(port, stop), daemon=True)
                 if setup == "all-sinks":
                     watch.start()
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 try:
-                    runs[setup].append(time_to_target.run_once(setup, seed, a.max_steps, work))
+                    r = time_to_target.run_once(setup, seed, a.max_steps, work)
                 finally:
                     stop.set()
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                r["cpu_seconds"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+                runs[setup].append(r)
     line = {"bench": "sinks_overhead", "target_exact_match": time_to_target.TARGET, "seeds": a.seeds}
     for setup, rs in runs.items():
         tag = setup.replace("-", "_")
         line[f"{tag}_reached"] = sum(r["reached"] for r in rs)
-        for key in ("wall_seconds", "samples", "samples_per_second"):
+        for key in ("wall_seconds", "samples", "samples_per_second", "cpu_seconds"):
             line[f"{tag}_{key}"] = time_to_target.median(rs, key)
     j, s = line["jsonl_only_wall_seconds"], line["all_sinks_wall_seconds"]
     line["time_to_target_ratio"] = s / j if j and s else None
+    line["cpu_seconds_ratio"] = line["all_sinks_cpu_seconds"] / line["jsonl_only_cpu_seconds"]
     line["samples_per_second_ratio"] = line["all_sinks_samples_per_second"] / line["jsonl_only_samples_per_second"]
     line["per_seed_time_ratio"] = [b["wall_seconds"] / a_["wall_seconds"] if a_["reached"] and b["reached"] else None
                                    for a_, b in zip(runs["jsonl-only"], runs["all-sinks"])]
