@@ -31,6 +31,13 @@ class RunConfig:
     progress: bool = True  # print a progress line per evaluation / every few steps
     resume: Literal["no", "auto", "yes"] = "no"  # continue from run.dir's newest checkpoint (auto: if any)
     log_every: int = 5  # progress line every this many updates
+    # Watching a run (launch/sinks.py; metrics.jsonl is always written):
+    loggers: tuple[Literal["jsonl", "tensorboard", "wandb"], ...] = ("jsonl",)  # metric sinks: tensorboard = RUN_DIR/tensorboard, wandb = W&B (WANDB_MODE=offline works without network)
+    wandb_project: str = "cadence"  # W&B project; the W&B run id is kept in RUN_DIR/wandb.json so --resume continues the same W&B run
+    wandb_entity: str = ""  # W&B team or user ("" = the logged-in account's default)
+    prometheus_port: int = 0  # serve Prometheus /metrics on this port (0 = off)
+    prometheus_host: str = "127.0.0.1"  # address /metrics binds to: loopback unless set (0.0.0.0 exposes it to the network)
+    heartbeat_seconds: float = 5.0  # RUN_DIR/heartbeat.json is rewritten this often; `cadence status` reads it
 
     def validate(self) -> None:
         if self.steps < 0:
@@ -45,6 +52,16 @@ class RunConfig:
             raise ValueError(f"max_samples: must be >= 0, got {self.max_samples}")
         if self.log_every < 1:
             raise ValueError(f"log_every: must be >= 1, got {self.log_every}")
+        if len(set(self.loggers)) != len(self.loggers):
+            raise ValueError(f"loggers: each sink once, got {list(self.loggers)}")
+        if not 0 <= self.prometheus_port <= 65535:
+            raise ValueError(f"prometheus_port: must be a TCP port in 1..65535 (0 = off), got {self.prometheus_port}")
+        if self.prometheus_port and not self.prometheus_host:
+            raise ValueError("prometheus_host: must name an address to bind (127.0.0.1 = this machine only)")
+        if "wandb" in self.loggers and not self.wandb_project:
+            raise ValueError("wandb_project: must be set when loggers has wandb")
+        if self.heartbeat_seconds <= 0:
+            raise ValueError(f"heartbeat_seconds: must be > 0, got {self.heartbeat_seconds}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,8 +27,9 @@ from launch import artifacts, run_state
 from launch.config_loader import to_dict
 from launch.config import Config, seq_len as config_seq_len
 from launch.lifecycle import Lifecycle
-from launch.metrics import MetricsWriter, Progress
+from launch.metrics import Progress
 from launch.pipeline import Pipeline
+from launch.sinks import open_sinks
 from launch.policy import build_policy, export_policy
 from launch.recorder import Recorder, arrays_of
 from learner.checkpoint import Checkpointer
@@ -145,14 +146,15 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         if meta.get("concurrency"):
             pipe.set_concurrency(meta["concurrency"])
     summary, clock = begin.summary, begin.clock
-    writer = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"))
+    # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/sinks.py)
+    sinks = open_sinks(cfg.run, run_dir, to_dict(cfg), resumed=begin.restored, step0=begin.step0)
     if not begin.restored:
         record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics, **evaluate_params(state.params)}
-        writer.write(record0)
+        sinks.write(record0)
         progress.message(f"before RL: held-out exact match {record0['eval/exact_match']:.3f}")
-    loop.enrich = _enrich(cfg, pipe, actor_engine, clock, begin)
+    loop.enrich = _enrich(cfg, pipe, loop, actor_engine, clock, begin)
     snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock)
-    recorder = Recorder(cfg.run, writer, progress, evaluate_params, checkpointer, summary, clock, snapshot,
+    recorder = Recorder(cfg.run, sinks, progress, evaluate_params, checkpointer, summary, clock, snapshot,
                         samples0=loop.samples)
     preempted = False
     with Lifecycle(cfg.checkpoint.signal_timeout_seconds, on_stop=[pipe.abort], message=progress.message) as life:
@@ -166,14 +168,16 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
             recorder.save(state, finished=not preempted, wait=True)
         finally:
             pipe.stop(time.monotonic() + life.remaining(cap=5.0), finished=False)  # no-op after a clean stop
-            writer.close()
+            sinks.close()
             checkpointer.close()
             if actor_engine is not engine:
                 actor_engine.close()  # stops the servers it launched
-    return _finish(cfg, run_dir, policy, state, summary, begin, checkpointer, clock, preempted, evaluate_params)
+    summary = _finish(cfg, run_dir, policy, state, summary, begin, checkpointer, clock, preempted, evaluate_params)
+    sinks.finish(summary)  # heartbeat: finished / preempted
+    return summary
 
 
-def _enrich(cfg, pipe: Pipeline, actor_engine, clock, begin):
+def _enrich(cfg, pipe: Pipeline, loop: LearnerLoop, actor_engine, clock, begin):
     """Generation-side measurements, added to each step's metrics before the controller sees them."""
     c = begin.ledger.counts()
     before = 0 if not begin.restored else cfg.learner.group_size * (c["consumed"] + c["queued"] + c["dropped"])
@@ -191,6 +195,8 @@ def _enrich(cfg, pipe: Pipeline, actor_engine, clock, begin):
         # cumulative over the run's life (a resumed run starts from what its checkpoint had produced)
         m["actors/samples"] = before + pm.pop("actors/samples_received")
         m.update(pm)
+        m["queue/depth"] = pipe.queue.qsize()  # groups waiting for the learner (sinks: Prometheus)
+        m.update({f"dropped/{reason}": n for reason, n in loop.dropped.items()})  # cumulative, by reason
         if cfg.actors.engine == "sglang":  # cumulative counters: re-issues, misaligned responses, restarts, syncs
             m.update({f"sglang/{k}": v for k, v in dataclasses.asdict(actor_engine.stats).items()})
         last.update(t=now, tokens=tokens)
