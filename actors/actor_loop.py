@@ -2,8 +2,10 @@
 
     actor = Actor(...)
     thread = threading.Thread(target=actor.run, args=(stop_event,))
-    # each round: gate.admit -> weights.latest -> [engine.sync_weights] -> engine.generate
-    #             -> task.reward -> transport.put
+    # each round: gate.admit -> weights.latest -> [engine.sync_weights]
+    #             -> generate_rollouts (engine.generate, or multi-turn episodes: actors/episodes.py)
+    #             -> score_groups (the task's reward, inline / worker pool / HTTP: actors/rewards/)
+    #             -> transport.put
 
 Every group carries the policy version whose weights produced it. An engine that serves weights
 of its own (SGLang) has a ``sync_weights(params, version, min_version=)`` hook, called before each
@@ -18,9 +20,10 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 
+from actors.episodes import build_groups, generate_rollouts
 from actors.prompt_stream import PromptStream
+from actors.rewards import InlineScorer, Scorer, score_rollouts
 from actors.tasks.base import Prompt, Task
 from protocols.admission import AdmissionGate
 from protocols.ledger import SampleLedger
@@ -43,7 +46,8 @@ class ActorStats:
 class Actor:
     def __init__(self, actor_id: str, engine: Any, task: Task, stream: PromptStream,
                  gate: AdmissionGate, weights: Any, transport: Any, group_size: int,
-                 prompts_per_call: int, seed: int, ledger: SampleLedger | None = None):
+                 prompts_per_call: int, seed: int, ledger: SampleLedger | None = None,
+                 scorer: Scorer | None = None):
         self.actor_id = actor_id
         self.engine = engine
         self.task = task
@@ -57,6 +61,7 @@ class Actor:
         self.ledger = ledger or SampleLedger()
         self.stats = ActorStats()
         self.error: BaseException | None = None
+        self.scorer = scorer if scorer is not None else InlineScorer(task)  # where rewards run
 
     def set_concurrency(self, prompts_per_call: int) -> None:
         self.prompts_per_call = max(1, int(prompts_per_call))
@@ -90,38 +95,21 @@ class Actor:
         # The key is a function of the prompts, not of how many calls came before, so a prompt
         # re-issued after a resume is sampled exactly as it would have been.
         key = jax.random.fold_in(self.rng, prompts[0].index)
-        rows = [list(p.tokens) for p in prompts for _ in range(G)]
+        rows = [p for p in prompts for _ in range(G)]
         started_at = time.time()
-        result = self.engine.generate(params, rows, key)
+        # ---- generation: one engine call, or multi-turn episodes (actors/episodes.py) ----
+        out = generate_rollouts(self.engine, params, self.task, rows, key)
         finished_at = time.time()
         seconds = finished_at - started_at
-        # Server engines report the version each row actually came from; a group is as old as its
-        # oldest row.
-        row_versions = getattr(result, "policy_versions", None)
-        engine_name = getattr(self.engine, "name", "jax")
-        groups = []
-        for i, prompt in enumerate(prompts):
-            completions, logprobs, rewards, exact = [], [], [], []
-            for r in range(i * G, (i + 1) * G):
-                n = int(result.lengths[r])
-                ids = result.tokens[r, :n].tolist()
-                completions.append(ids)
-                logprobs.append(result.logprobs[r, :n].astype(np.float64).tolist())
-                rewards.append(float(self.task.reward(prompt, ids)))
-                exact.append(bool(self.task.exact_match(prompt, ids)))
-            tokens = sum(len(c) for c in completions)
-            groups.append(RolloutGroup(
-                prompt_id=prompt.prompt_id, task=self.task.name, prompt_tokens=list(prompt.tokens),
-                completion_tokens=completions, behavior_logprobs=logprobs, rewards=rewards,
-                exact_match=exact, actor_id=self.actor_id,
-                policy_version=version if row_versions is None else int(min(row_versions[i * G:(i + 1) * G])),
-                timings=EngineTimings(queued_at=queued_at, started_at=started_at,
-                                      finished_at=finished_at,
-                                      generate_seconds=seconds * tokens / max(int(result.lengths.sum()), 1),
-                                      num_tokens=tokens, engine=engine_name)))
+        # ---- scoring: one call per engine result (actors/rewards/); episodes bring their own ----
+        scores = score_rollouts(self.scorer, self.task, prompts, out)
+        groups = build_groups(self.task.name, self.actor_id, prompts, out, scores, version,
+                              EngineTimings(queued_at=queued_at, started_at=started_at, finished_at=finished_at,
+                                            generate_seconds=seconds, num_tokens=out.generated_tokens,
+                                            engine=getattr(self.engine, "name", "jax")))
         self.stats.calls += 1
         self.stats.generate_seconds += seconds
-        self.stats.tokens += int(result.lengths.sum())
+        self.stats.tokens += out.generated_tokens
         return groups
 
     def run(self, stop: threading.Event) -> None:

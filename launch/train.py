@@ -20,13 +20,13 @@ import signal
 import threading
 from typing import NamedTuple
 
-import jax
-import numpy as np
 
 from actors.actor_loop import Actor
 from actors.engine import JaxEngine
+from actors.evaluation import evaluate_heldout
+from actors.rewards import make_scorer
 from actors.prompt_stream import PromptStream
-from actors.tasks.base import make_task
+from actors.tasks.registry import make_task
 from launch import artifacts, run_state
 from launch.config_loader import ConfigError, to_dict
 from launch.config import Config, seq_len as config_seq_len
@@ -45,16 +45,10 @@ from protocols.transport import InProcessTransport
 from protocols.weights import InProcessWeights
 
 
-def evaluate(engine: JaxEngine, task, params, prompts=None) -> dict:
-    """Greedy decoding on the held-out set: exact-match rate and mean reward."""
-    prompts = task.heldout() if prompts is None else prompts
-    result = engine.generate(params, [list(p.tokens) for p in prompts], jax.random.key(0), greedy=True)
-    exact, rewards = [], []
-    for i, p in enumerate(prompts):
-        ids = result.tokens[i, : int(result.lengths[i])].tolist()
-        exact.append(task.exact_match(p, ids))
-        rewards.append(task.reward(p, ids))
-    return {"eval/exact_match": float(np.mean(exact)), "eval/reward": float(np.mean(rewards))}
+def evaluate(engine: JaxEngine, task, params, prompts=None, scorer=None) -> dict:
+    """Greedy decoding on the held-out set: eval/reward, eval/exact_match (tasks with answers) and
+    the task's own metrics (actors/evaluation.py). scorer: where rewards run (default inline)."""
+    return evaluate_heldout(engine, task, params, prompts, scorer)
 
 
 def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_len: int, pad_id: int,
@@ -66,6 +60,9 @@ def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_
     sft = SFTStep(logits_fn, sft_cfg)
     opt_state = sft.init(params)
     loss = None
+    if not stream.task.prompt(stream.position).answer:
+        progress.message("supervised warm-up: skipped (the task has no reference answers)")
+        return params, {}
     for _ in range(sft_cfg.steps):
         prompts = stream.take(sft_cfg.batch_size)
         batch = build_sft_batch([p.tokens for p in prompts], [p.answer for p in prompts], seq_len, pad_id)
@@ -200,7 +197,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     tokenizer, graphdef, params = policy.tokenizer, policy.graphdef, policy.params
     task = make_task(cfg.task, tokenizer)
     heldout = task.heldout()
-    L = config_seq_len(cfg, task.max_prompt_len)
+    L = config_seq_len(cfg, task.max_prompt_len, task)
     logits_fn = functools.partial(forward, graphdef)
     train_step = make_train_step(graphdef, cfg.learner)
     state = train_step.init(params)
@@ -232,8 +229,9 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     for group in ledger.queued.values():  # buffered trajectories, in their original order
         transport.put(group)
     actor_engine = engine if cfg.actors.engine == "jax" else _sglang_engine(cfg, policy, run_dir)
+    scorer = make_scorer(cfg.task, task, tokenizer)  # rewards: worker pool, HTTP server or inline
     actors = [Actor(f"actor-{i}", actor_engine, task, stream, gate, weights, transport, G, cfg.actors.prompts_per_call,
-                    cfg.actors.seed + i, ledger=ledger)
+                    cfg.actors.seed + i, ledger=ledger, scorer=scorer)
               for i in range(cfg.actors.num_actors)]
 
     def health():
@@ -256,9 +254,11 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     writer = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"))
     if not restored:
         record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics,
-                   **evaluate(engine, task, state.params, heldout)}
+                   **evaluate(engine, task, state.params, heldout, scorer)}
         writer.write(record0)
-        progress.message(f"before RL: held-out exact match {record0['eval/exact_match']:.3f}")
+        before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
+            ("reward", record0["eval/reward"])
+        progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
 
     last = {"t": clock(), "tokens": 0}
     samples_before = 0 if not restored else G * (len(ledger.consumed) + len(ledger.queued) + len(ledger.dropped))
@@ -311,7 +311,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     def on_step(step, st, m) -> bool:
         final = step == cfg.run.steps
         if eval_due(step, m["samples"]) or final:
-            summary["last_eval"] = evaluate(engine, task, st.params, heldout)
+            summary["last_eval"] = evaluate(engine, task, st.params, heldout, scorer)
             m.update(summary["last_eval"])
             m["wall_time"] = clock()
         m["checkpoint/blocked_seconds"] = checkpointer.blocked_seconds
@@ -345,6 +345,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
             summary["samples"] = loop.samples
             summary["dropped"] = dict(loop.dropped)
             summary["dropped_stale"] = loop.dropped.get("stale", 0)
+            summary["reward_errors"] = dict(loop.reward_errors)
             summary["preempted"] = preempted
             save(state, finished=not preempted, wait=True)
     finally:
@@ -357,6 +358,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         checkpointer.close()
         if actor_engine is not engine:
             actor_engine.close()  # stops the servers it launched
+        scorer.close()  # stops the reward workers
     summary["ledger"] = ledger.verify(stream.position, stream.pending_reissue)
     summary["wall_time"] = clock()
     summary["checkpoint_blocked_seconds"] = checkpointer.blocked_seconds

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from actors.tasks import math_verifier
-from actors.tasks.base import Prompt
+from actors.tasks.base import Completion, Prompt, Score
 from actors.tasks.config import TaskConfig
 from actors.tasks.scoring import truncate_at_eos
 
@@ -98,7 +98,9 @@ class JsonlMathTask:
 
     def _build(self, split: str, index: int, record_id: int) -> Prompt:
         tokens, answer = self._encode(record_id)
-        return Prompt(prompt_id=f"{self.name}/{split}/{index}", index=index, tokens=tokens, answer=answer)
+        record = self._records[record_id]
+        return Prompt(prompt_id=f"{self.name}/{split}/{index}", index=index, tokens=tokens, answer=answer,
+                      text=str(record[self.config.prompt_field]), metadata=record)
 
     def record_id(self, prompt: Prompt) -> int:
         """Index in the file of the record a prompt came from."""
@@ -141,10 +143,15 @@ class JsonlMathTask:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def score(self, prompt: Prompt, completion: Completion) -> Score:
+        """Reward 1.0 iff the final answer is equivalent to the reference; exact match is the same
+        verdict (one verifier call per completion)."""
+        ok = bool(math_verifier.is_equivalent(self.reference(prompt), completion.text))
+        return Score(1.0 if ok else 0.0, ok)
+
     def reward(self, prompt: Prompt, completion: Sequence[int]) -> float:
         """1.0 iff the completion's final answer is equivalent to the reference, else 0.0."""
-        ok = math_verifier.is_equivalent(self.reference(prompt), self.completion_text(completion))
-        return 1.0 if ok else 0.0
+        return self.score(prompt, Completion(tuple(completion), self.completion_text(completion))).reward
 
     def exact_match(self, prompt: Prompt, completion: Sequence[int]) -> bool:
         """For math, "exact" means an equivalent final answer (the reward is already 0/1)."""
