@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from actors.rewards import worker as worker_module
+import actors.rewards.worker as worker_module
 from actors.rewards.scoring import CRASHED, TIMEOUT, Item, failed
 from actors.tasks.base import Score
 
