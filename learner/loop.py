@@ -166,18 +166,21 @@ class LearnerLoop:
 
     def _task_metrics(self, groups) -> dict:
         """reward/errors/<reason> (completions of this batch whose reward failed; the run's totals
-        stay in self.reward_errors) and task/<name> (means of the task's own per-completion metrics)."""
+        stay in self.reward_errors) and task/<name> (means over the batch's completions of the
+        task's own per-completion metrics)."""
         out: dict = {}
         for g in groups:
             for reason in g.reward_errors or ():
                 if reason:
                     out[f"reward/errors/{reason}"] = out.get(f"reward/errors/{reason}", 0) + 1
                     self.reward_errors[reason] = self.reward_errors.get(reason, 0) + 1
-        sums: dict[str, list[float]] = {}
+        # A metric a completion does not report counts as 0 for it (e.g. tool_use on a direct answer).
+        n = sum(len(g.rewards) for g in groups)
+        sums: dict[str, float] = {}
         for g in groups:
             for name, values in (g.task_metrics or {}).items():
-                sums.setdefault(name, []).extend(values)
-        out.update({f"task/{name}": float(np.mean(v)) for name, v in sums.items()})
+                sums[name] = sums.get(name, 0.0) + float(np.sum(values))
+        out.update({f"task/{name}": total / n for name, total in sums.items()})
         return out
 
     def run(self, state, num_steps: int, on_step: Callable[[int, Any, dict], bool] | None = None,

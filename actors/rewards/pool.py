@@ -4,11 +4,14 @@
     scores = pool.score_groups([[(prompt, completion), ...], ...])   # one batch per group
     pool.close()
 
-Each group is one batch sent to an idle worker (several groups run on several workers at once).
-The worker answers completion by completion; a completion that takes longer than ``timeout_s``
-scores 0 (reason "timeout"): its worker is killed, a new one spawned, and the rest of the batch
-continues there. A worker that dies (os._exit, a signal, the OOM killer) costs the completion it
-was scoring (reason "crashed"); a reward that hits the address-space limit gets a MemoryError
+The groups of one call are split into one batch per worker (whole groups: a group is never
+split), and the batches run on the workers at once.
+The worker answers in a few messages per batch (whatever it scored, every few milliseconds) and,
+before each completion, writes its index to a shared-memory counter, so the parent knows which
+completion is running: one that runs longer than ``timeout_s``
+scores 0 (reason "timeout"): its worker is killed, a new one spawned, and the rest of the batch is
+scored there. A worker that dies (os._exit, a signal, the OOM killer) costs the completion it was
+scoring (reason "crashed"); a reward that hits the address-space limit gets a MemoryError
 (reason "memory"). Workers are spawned, never forked: forking a process that runs JAX threads can
 deadlock the child. A task that cannot even be built in a worker fails the pool's start, loudly.
 """
@@ -40,7 +43,9 @@ class _Worker:
 
     def __init__(self, task_factory, memory_mb: int, startup_timeout_s: float):
         self.conn, child = _CONTEXT.Pipe(duplex=True)
-        self.process = _CONTEXT.Process(target=worker_module.main, args=(child, task_factory, memory_mb),
+        self.progress = _CONTEXT.RawValue("i", -1)  # index in the batch being scored (shared memory)
+        self.process = _CONTEXT.Process(target=worker_module.main,
+                                        args=(child, task_factory, memory_mb, self.progress),
                                         name="cadence-reward-worker", daemon=True)
         self.process.start()
         child.close()
@@ -74,9 +79,8 @@ class _Worker:
         self.conn.close()
 
 
-def _parse_result(data: bytes) -> Score:
-    """A worker's JSON answer as a Score (anything unexpected: the worker is broken)."""
-    msg = json.loads(data)
+def _parse_result(msg: dict) -> Score:
+    """One entry of a worker's JSON answer as a Score (anything unexpected: the worker is broken)."""
     reward = float(msg["reward"])
     exact = msg.get("exact_match")
     metrics = {str(k): float(v) for k, v in (msg.get("metrics") or {}).items()}
@@ -93,6 +97,7 @@ class RewardPool:
         if workers < 1:
             raise ValueError(f"workers: must be >= 1, got {workers}")
         self.task_factory, self.timeout_s, self.memory_mb = task_factory, timeout_s, memory_mb
+        self.workers = workers
         self.startup_timeout_s = startup_timeout_s
         self.respawns = 0  # workers replaced after a timeout or a crash
         self._idle: queue.Queue[_Worker] = queue.Queue()
@@ -142,43 +147,74 @@ class RewardPool:
 
     def _run_batch(self, items: Sequence[Item]) -> list[Score]:
         """Scores one batch on one worker, replacing the worker on a timeout or a crash."""
-        scores: list[Score] = []
+        scores: list[Score | None] = [None] * len(items)
+        todo = list(range(len(items)))  # indices still to score, in order
         w = self._take_idle()
         try:
-            while len(scores) < len(items):
-                pending = items[len(scores):]
+            while todo:
                 try:
-                    w.conn.send_bytes(pickle.dumps(list(pending)))
+                    w.conn.send_bytes(pickle.dumps([items[i] for i in todo]))
                 except (OSError, ValueError):  # died while idle: replace it, send again
                     self._retire(w)
                     w = None
                     w = self._spawn()
                     continue
-                for _ in pending:
-                    reason = None
-                    if not w.conn.poll(self.timeout_s):
-                        reason = TIMEOUT
-                    else:
-                        try:
-                            scores.append(_parse_result(w.conn.recv_bytes()))
-                            continue
-                        except (EOFError, OSError, ValueError, KeyError, TypeError):
-                            reason = CRASHED
-                    scores.append(failed(reason))
-                    self._retire(w)
-                    w = None  # if no new one starts, the error ends the run: the task no longer builds
-                    w = self._spawn()
-                    break  # the rest of the batch goes to the new worker
+                got, stuck, reason = self._await(w, len(todo))
+                for i, score in zip(todo, got):
+                    scores[i] = score
+                if stuck < 0:
+                    todo = todo[len(got):]
+                    continue
+                # The completion it was on (the worker's progress counter) costs its reward; the
+                # ones it scored after its last answer are scored again, with the rest, elsewhere.
+                scores[todo[stuck]] = failed(reason)
+                todo = todo[len(got):stuck] + todo[stuck + 1:]
+                self._retire(w)
+                w = None  # if no new one starts, the error ends the run: the task no longer builds
+                w = self._spawn()
         finally:
             if w is not None:
                 self._idle.put(w)
         return scores
 
+    def _await(self, w: _Worker, n: int) -> tuple[list[Score], int, str]:
+        """(scores received, -1, "") once all n came back; else (those received, index of the
+        completion the worker was on, TIMEOUT or CRASHED). A completion may run timeout_s: the
+        clock restarts each time the worker moves on to the next one."""
+        got: list[Score] = []
+        position, since = -1, time.monotonic()
+        while len(got) < n:
+            if not w.conn.poll(0.05):
+                now, current = time.monotonic(), w.progress.value
+                if current != position:
+                    position, since = current, now
+                elif now - since > self.timeout_s:
+                    return got, max(current, len(got)), TIMEOUT
+                continue
+            try:
+                got += [_parse_result(r) for r in json.loads(w.conn.recv_bytes())]
+            except (EOFError, OSError, ValueError, KeyError, TypeError):
+                return got, min(max(w.progress.value, len(got)), n - 1), CRASHED
+        if len(got) != n:  # more answers than completions: a broken worker
+            return got[:0], 0, CRASHED
+        return got, -1, ""
+
     def score_groups(self, groups: Sequence[Sequence[Item]]) -> list[list[Score]]:
+        """Scores of each group's items. The groups of one call are split into one batch per
+        worker (whole groups, in order), so a call costs each worker one message, not one per group."""
         if self._closed:
             raise RuntimeError("RewardPool is closed")
-        futures = [self._dispatch.submit(self._run_batch, list(g)) for g in groups]
-        return [f.result() for f in futures]
+        groups = [list(g) for g in groups]
+        n = max(1, min(self.workers, len(groups)))
+        bounds = [round(i * len(groups) / n) for i in range(n + 1)]
+        chunks = [groups[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+        futures = [self._dispatch.submit(self._run_batch, [it for g in chunk for it in g]) for chunk in chunks]
+        flat = [s for f in futures for s in f.result()]
+        out, k = [], 0
+        for g in groups:
+            out.append(flat[k:k + len(g)])
+            k += len(g)
+        return out
 
     def close(self) -> None:
         self._closed = True

@@ -5,9 +5,12 @@ JAX runtime or the actor's threads. It limits its own address space (RLIMIT_AS),
 of the task from a picklable factory, says it is ready, then scores batches until told to stop.
 
 Wire: the parent sends pickled batches (parent -> child only: the child trusts its parent); the
-child answers with JSON, one message per completion as soon as it is scored, so the parent knows
-which completion was running when a deadline passed or the process died. The parent never
-unpickles anything from a worker, whose reward code may have run on hostile model output.
+child answers with JSON lists of results: whatever it scored, once FLUSH_S has passed since its
+last answer and at the end of the batch (few messages per batch, and a slow or fatal completion
+does not take the results before it along). Before each completion it writes the completion's
+index to a shared-memory counter, so the parent knows which one was running when a deadline
+passed or the process died. The parent never unpickles anything from a worker, whose reward code
+may have run on hostile model output.
 """
 from __future__ import annotations
 
@@ -15,8 +18,12 @@ import json
 import os
 import pickle
 import resource
+import time
 
 from actors.rewards.scoring import failed, safe_score, MEMORY
+
+
+FLUSH_S = 0.005
 
 
 def _limit_memory(memory_mb: int) -> None:
@@ -30,8 +37,8 @@ def _send(conn, message: dict) -> None:
     conn.send_bytes(json.dumps(message).encode())
 
 
-def main(conn, task_factory, memory_mb: int) -> None:
-    """Worker entry point: (ready | startup error), then per batch one result per item."""
+def main(conn, task_factory, memory_mb: int, progress) -> None:
+    """Worker entry point: (ready | startup error), then per batch one JSON list of results."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")  # one core's worth per worker
     try:
@@ -49,10 +56,15 @@ def main(conn, task_factory, memory_mb: int) -> None:
         batch = pickle.loads(data)
         if batch is None:
             return
-        for prompt, completion in batch:
+        results, flushed = [], time.monotonic()
+        for i, (prompt, completion) in enumerate(batch):
+            progress.value = i
             try:
                 score = safe_score(task, prompt, completion)
             except MemoryError:  # while building the Score itself
                 score = failed(MEMORY)
-            _send(conn, {"reward": score.reward, "exact_match": score.exact_match,
-                         "metrics": dict(score.metrics), "error": score.error})
+            results.append({"reward": score.reward, "exact_match": score.exact_match,
+                            "metrics": dict(score.metrics), "error": score.error})
+            if time.monotonic() - flushed >= FLUSH_S or i == len(batch) - 1:
+                conn.send_bytes(json.dumps(results).encode())
+                results, flushed = [], time.monotonic()

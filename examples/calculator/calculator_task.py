@@ -9,11 +9,11 @@ The prompt is "123+456=". Each model turn ends at EOS and is either
 A malformed call gets ":err". At most ``max_turns`` turns. Metrics: tool_use (a valid call was
 made), correct (the answer is exact).
 
-The supervised warm-up (Prompt.answer) shows two ways to answer, half the prompts each: the
-direct sum ("579" EOS), or the transcript of a tool episode ("c" EOS ":579" "579" EOS: the call,
-the tool's answer, the copied answer). A warmed-up model calls the tool about half the time and
-adds three-digit numbers poorly by itself; RL finds that the tool pays: the tool-use rate and the
-reward rise together.
+The supervised warm-up (Prompt.answer) shows two ways to answer: the direct sum ("57" EOS), or,
+for one prompt in four, the transcript of a tool episode ("c" EOS ":57" "57" EOS: the call, the
+tool's answer, the copied answer). A warmed-up model calls the tool less than half the time (0.42
+greedy on the held-out set) and adds two-digit numbers poorly by itself; RL finds that the tool
+pays, and learns to copy its answer: the tool-use rate and the reward rise together.
 
     cadence train --config examples/calculator/config.yaml
 """
@@ -80,10 +80,10 @@ class CalculatorTask:
     def _make(self, split: str, index: int, seed: int) -> Prompt:
         a, b = (int(x) for x in np.random.default_rng([seed, index]).integers(0, 10 ** self.digits, 2))
         text = f"{a}+{b}="
-        # warm-up target: half the prompts show a tool episode's transcript, half a direct answer
+        # warm-up target: one prompt in four shows a tool episode's transcript, the others a direct answer
         eos = self.tokenizer.eos_id
         shown = ((*self.encode("c"), eos, *self.encode(f":{a + b}"), *self.encode(str(a + b)), eos)
-                 if index % 2 == 0 else (*self.encode(str(a + b)), eos))
+                 if index % 4 == 0 else (*self.encode(str(a + b)), eos))
         return Prompt(f"{self.name}/{split}/{index}", index, (self.tokenizer.bos_id, *self.encode(text)),
                       answer=shown, text=text,
                       metadata={"a": a, "b": b, "sum": a + b})

@@ -24,8 +24,8 @@ import numpy as np
 from actors.tasks.base import Prompt, Score
 
 class DigitsTask:
-    """Write digits: the reward is the fraction of the completion's characters that are the
-    prompt's digit (no reference answer; the reward reads the text)."""
+    """Write digits: per character of the completion (4 at most), half a point for a digit and
+    another half when it is the prompt's digit (no reference answer; the reward reads the text)."""
     max_prompt_len = 3
     max_completion_len = 4
 
@@ -61,8 +61,8 @@ class DigitsTask:
                         hog.append(bytearray(16 << 20))
                 os.kill(os.getpid(), signal.SIGKILL)
         text = completion.text
-        hits = sum(c == prompt.metadata["digit"] for c in text)
-        return Score(hits / 4, metrics={"length": len(text)})
+        points = sum(0.5 * c.isdigit() + 0.5 * (c == prompt.metadata["digit"]) for c in text[:4])
+        return Score(points / 4, metrics={"length": len(text)})
 
 def make(cfg, tokenizer):
     return DigitsTask(cfg, tokenizer)
@@ -84,7 +84,7 @@ def run_cli(tmp_path, *overrides):
 
 
 def test_a_task_module_outside_the_repo_trains_and_its_reward_rises(tmp_path):
-    summary, rows = run_cli(tmp_path, "run.steps=40", "run.eval_every=20")
+    summary, rows = run_cli(tmp_path, "run.steps=60", "run.eval_every=30")
     steps = [r for r in rows if r["step"] > 0]
     first = np.mean([r["reward/mean"] for r in steps[:5]])
     last = np.mean([r["reward/mean"] for r in steps[-5:]])
