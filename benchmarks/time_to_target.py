@@ -85,8 +85,13 @@ def main() -> None:
     a = p.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as work:
-        for setup in a.setups:
-            runs = [run_once(setup, s, a.max_steps, work) for s in a.seeds]
+        # Seeds outer, setups inner: on a shared machine, load changes over minutes hit every
+        # setup alike instead of whichever ran last.
+        by_setup = {setup: [] for setup in a.setups}
+        for s in a.seeds:
+            for setup in a.setups:
+                by_setup[setup].append(run_once(setup, s, a.max_steps, work))
+        for setup, runs in by_setup.items():
             line = {"bench": "time_to_target", "setup": setup, "target_exact_match": TARGET,
                     "seeds": a.seeds, "reached": sum(r["reached"] for r in runs)}
             for key in ("wall_seconds", "process_seconds", "samples", "steps", "startup_seconds",

@@ -142,7 +142,8 @@ class RewardPool:
     def _retire(self, w: _Worker) -> None:
         w.kill()
         with self._lock:
-            self._all.remove(w)
+            if w in self._all:  # close() may have taken it already
+                self._all.remove(w)
         self.respawns += 1
 
     def _run_batch(self, items: Sequence[Item]) -> list[Score]:
@@ -217,15 +218,20 @@ class RewardPool:
         return out
 
     def close(self) -> None:
+        """Stops every worker now; a batch still running ends with an error in its caller."""
         self._closed = True
         dispatch = getattr(self, "_dispatch", None)
         if dispatch is not None:
-            dispatch.shutdown(wait=True, cancel_futures=True)
+            dispatch.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             workers, self._all = list(self._all), []
         deadline = time.monotonic() + 10
         for w in workers:
-            if time.monotonic() < deadline:
+            if time.monotonic() < deadline and self._idle_contains(w):
                 w.stop()
             else:
                 w.kill()
+
+    def _idle_contains(self, w: _Worker) -> bool:
+        with self._idle.mutex:
+            return w in self._idle.queue

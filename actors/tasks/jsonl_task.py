@@ -9,7 +9,6 @@ other records in a fresh seeded order each epoch, so prompt(index) is a pure fun
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,31 +17,8 @@ import numpy as np
 from actors.tasks import math_verifier
 from actors.tasks.base import Completion, Prompt, Score
 from actors.tasks.config import TaskConfig
+from actors.tasks.records import read_jsonl
 from actors.tasks.scoring import truncate_at_eos
-
-
-def read_records(path: str, prompt_field: str, answer_field: str) -> list[dict[str, Any]]:
-    """Reads the JSONL file; blank lines are skipped.
-
-    Raises:
-      ValueError: naming the file and line of invalid JSON or a record lacking a field.
-    """
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: invalid JSON ({e.msg})") from None
-            for field in (prompt_field, answer_field):
-                if not isinstance(record, dict) or field not in record:
-                    raise ValueError(f"{path}:{line_no}: record has no field {field!r}")
-            records.append(record)
-    if not records:
-        raise ValueError(f"{path}: no records")
-    return records
 
 
 class JsonlMathTask:
@@ -62,7 +38,7 @@ class JsonlMathTask:
             raise ValueError("format: 'chat' needs a tokenizer with a chat template (set model.path)")
         self.config, self.tokenizer = cfg, tokenizer
         self.name = "jsonl"
-        records = read_records(cfg.path, cfg.prompt_field, cfg.answer_field)
+        records = read_jsonl(cfg.path, (cfg.prompt_field, cfg.answer_field), key="path")
         n = len(records)
         if cfg.heldout_size >= n:
             raise ValueError(f"heldout_size: {cfg.heldout_size} leaves no training records of the {n} in "

@@ -28,8 +28,13 @@ import numpy as np
 from actors.tasks.base import Completion, Prompt, Score
 
 
-def read_jsonl(path: str, required: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The file's records (blank lines skipped); errors name the file, line and field."""
+def read_jsonl(path: str, required: tuple[str, ...], key: str = "args.path") -> list[dict[str, Any]]:
+    """The file's records (blank lines skipped).
+
+    Raises:
+      ValueError("<key>: <file>:<line>: ..."): invalid JSON, a record lacking a required field, or
+        no records; key names the config key that gave the path.
+    """
     records = []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
@@ -38,13 +43,13 @@ def read_jsonl(path: str, required: tuple[str, ...]) -> list[dict[str, Any]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"args.path: {path}:{line_no}: invalid JSON ({e.msg})") from None
+                raise ValueError(f"{key}: {path}:{line_no}: invalid JSON ({e.msg})") from None
             missing = [k for k in required if not isinstance(record, dict) or k not in record]
             if missing:
-                raise ValueError(f"args.path: {path}:{line_no}: record has no field {missing[0]!r}")
+                raise ValueError(f"{key}: {path}:{line_no}: record has no field {missing[0]!r}")
             records.append(record)
     if not records:
-        raise ValueError(f"args.path: {path} holds no records")
+        raise ValueError(f"{key}: {path} holds no records")
     return records
 
 
