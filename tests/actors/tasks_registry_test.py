@@ -161,3 +161,14 @@ def import_cycles(root: str) -> list[list[str]]:
 def test_no_import_circle_among_the_actors_modules():
     """The house item of issue 22: the task base imported the concrete tasks for make_task."""
     assert import_cycles(os.path.join(os.path.dirname(__file__), "..", "..")) == []
+
+
+def test_a_plugin_run_gets_one_plain_run_folder():
+    import dataclasses
+
+    from launch.artifacts import default_run_dir
+    from launch.config import Config
+
+    cfg = dataclasses.replace(Config(), task=TaskConfig(name="examples/calc/calculator_task.py:make"))
+    path = default_run_dir(cfg)
+    assert os.path.dirname(path) == "runs" and os.path.basename(path).startswith("calculator_task.py-make-")
