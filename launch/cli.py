@@ -130,7 +130,7 @@ def cmd_eval(args) -> int:
     except ConfigError as e:
         return _fail(f"config error in {cfg_path}: {e}", EXIT_CONFIG)
     from actors.engine import JaxEngine
-    from actors.tasks.base import make_task
+    from actors.tasks.registry import make_task
     from launch import artifacts
     from launch.policy import build_policy
     from launch.train import evaluate

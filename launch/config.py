@@ -11,6 +11,7 @@ from typing import Literal
 
 from actors.config import ActorsConfig
 from actors.engine import EngineConfig
+from actors.tasks.base import is_multi_turn
 from actors.tasks.config import TaskConfig
 from launch import config_loader
 from launch.config_loader import ConfigError
@@ -77,7 +78,7 @@ class Config:
 
     def validate(self) -> None:
         """Checks spanning sections (each section validated itself already)."""
-        from actors.tasks.base import make_task
+        from actors.tasks.registry import make_task
         from launch.policy import load_tokenizer, resolve_model_config
 
         if self.task.name == "jsonl" and not self.model.path:
@@ -91,15 +92,21 @@ class Config:
         try:
             task = make_task(self.task, tokenizer)
         except OSError as e:
-            raise ConfigError(f"task.path: {e}") from None
+            raise ConfigError(f"task.{'path' if self.task.name == 'jsonl' else 'args'}: {e}") from None
         except ValueError as e:  # "<field>: <problem>" of the task section
             raise ConfigError(f"task.{e}") from None
-        if self.engine.max_new_tokens < task.max_completion_len:
-            detail = "the longest answer" if self.task.name == "jsonl" else f"task.num_digits={self.task.num_digits}"
+        except Exception as e:  # noqa: BLE001 - a plug-in task's own factory failed
+            raise ConfigError(f"task.name: building the task {self.task.name!r} failed: "
+                              f"{type(e).__name__}: {e}") from None
+        multi_turn = is_multi_turn(task)
+        if not multi_turn and self.engine.max_new_tokens < task.max_completion_len:
+            detail = {"jsonl": "the longest answer", "sort": f"task.num_digits={self.task.num_digits}",
+                      "add_reversed": f"task.num_digits={self.task.num_digits}"}.get(self.task.name, "this task")
             raise ConfigError(
                 f"engine.max_new_tokens: {self.engine.max_new_tokens} is shorter than the task's "
                 f"answers ({task.max_completion_len} tokens with {detail})")
-        need = task.max_prompt_len + self.engine.max_new_tokens
+        # A multi-turn context grows to prompt + episode budget, and each turn may add max_new_tokens.
+        need = task.max_prompt_len + self.engine.max_new_tokens + (task.max_completion_len if multi_turn else 0)
         if model.max_seq_len < need:
             where = f"the checkpoint's max_position_embeddings ({model.max_seq_len})" if model.path else \
                 f"{model.max_seq_len}"
@@ -123,7 +130,15 @@ def load_config(files=(), overrides=()) -> Config:
     return config_loader.build(Config(), list(files), list(overrides))
 
 
-def seq_len(cfg: Config, max_prompt_len: int) -> int:
-    """Fixed training sequence length: prompt + completion, rounded up to a multiple of 8."""
-    n = max_prompt_len + cfg.engine.max_new_tokens
+def completion_budget(cfg: Config, task=None) -> int:
+    """Tokens after the prompt in a training row: engine.max_new_tokens, or for a multi-turn task
+    the whole episode (task.max_completion_len: every turn and observation)."""
+    if task is not None and is_multi_turn(task):
+        return int(task.max_completion_len)
+    return cfg.engine.max_new_tokens
+
+
+def seq_len(cfg: Config, max_prompt_len: int, task=None) -> int:
+    """Fixed training sequence length: prompt + completion budget, rounded up to a multiple of 8."""
+    n = max_prompt_len + completion_budget(cfg, task)
     return -(-n // 8) * 8

@@ -18,7 +18,7 @@ import numpy as np
 from actors.actor_loop import Actor
 from actors.engine import JaxEngine
 from actors.prompt_stream import PromptStream
-from actors.tasks.base import make_task
+from actors.tasks.registry import make_task
 from launch import plots
 from launch.config import Config, seq_len as config_seq_len
 from launch.experiments import common
