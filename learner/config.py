@@ -46,6 +46,9 @@ class GRPOConfig:
     std_eps: float = 1e-6  # Added to the group std before dividing.
     clip_low: float = 0.2  # Lower clip: ratio is clipped at 1 - clip_low.
     clip_high: float = 0.2  # Upper clip: ratio is clipped at 1 + clip_high (clip-higher if larger).
+    # Dual-clip PPO: with a negative advantage a ratio above this contributes dual_clip * A and no
+    # gradient (stale tokens with r up to e^20 would otherwise dominate); 0 disables it.
+    dual_clip: float = 3.0
     # How the sampler/learner mismatch is corrected: "coupled" (PPO ratio vs the sampler, clipped),
     # "decoupled" (AReaL: ratio vs the proximal policy, times a truncated behavior importance
     # weight), "none" (plain on-policy gradient; behavior logprobs only measured). Default coupled:
@@ -81,6 +84,9 @@ class GRPOConfig:
             raise ValueError(f"clip_low: must be in [0, 1), got {self.clip_low}")
         if not self.clip_high >= 0:
             raise ValueError(f"clip_high: must be >= 0, got {self.clip_high}")
+        if self.dual_clip != 0 and not self.dual_clip > 1.0 + self.clip_high:
+            raise ValueError(f"dual_clip: must be 0 (off) or > 1 + clip_high = {1.0 + self.clip_high}, "
+                             f"got {self.dual_clip}")
         if self.correction not in ("decoupled", "coupled", "none"):
             raise ValueError(
                 f"correction: must be one of 'decoupled', 'coupled', 'none', got {self.correction!r}"
