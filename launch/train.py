@@ -202,7 +202,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     heldout = task.heldout()
     L = config_seq_len(cfg, task.max_prompt_len)
     logits_fn = functools.partial(forward, graphdef)
-    train_step = make_train_step(graphdef, cfg.learner)
+    train_step = make_train_step(graphdef, cfg.learner, completion_budget=cfg.engine.max_new_tokens)
     state = train_step.init(params)
     G = cfg.learner.group_size
     checkpointer = Checkpointer(ckpt_dir, cfg.checkpoint)

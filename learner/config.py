@@ -67,7 +67,7 @@ class GRPOConfig:
     # "seq_mean_token_mean" (mean over each sequence, then over sequences: original GRPO),
     # "seq_sum_norm" (each sequence's sum / aggregation_constant, mean over sequences: Dr.GRPO).
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"] = "token_mean"
-    aggregation_constant: int = 0  # Divisor of seq_sum_norm; 0 uses the row length (seq_len).
+    aggregation_constant: int = 0  # Divisor of seq_sum_norm; 0 uses the completion budget (engine.max_new_tokens).
     # Importance ratio per token (PPO/GRPO) or per sequence as the geometric mean of its token
     # ratios (GSPO; use with a small clip range, e.g. clip_low=3e-4, clip_high=4e-4).
     importance_level: Literal["token", "sequence"] = "token"

@@ -236,15 +236,22 @@ AGGREGATIONS: dict[str, Aggregation] = {
 }
 
 
-def aggregate(values, loss_mask, cfg, num_tokens, num_sequences=None) -> jax.Array:
+def aggregate(values, loss_mask, cfg, num_tokens, num_sequences=None, completion_budget: int = 0
+              ) -> jax.Array:
     """Aggregates per-token values with cfg.aggregation (GRPOConfig); see AGGREGATIONS.
 
     num_sequences defaults to the rows of this (micro)batch that hold a completion token.
+    seq_sum_norm divides each sequence's sum by cfg.aggregation_constant, or when that is 0 by
+    completion_budget (the most tokens a completion may have: Dr.GRPO's generation budget, not
+    the row length, which also holds the prompt and padding).
     """
     mode = getattr(cfg, "aggregation", "token_mean")
     if num_sequences is None:
         num_sequences = jnp.maximum(jnp.sum(jnp.any(loss_mask > 0, axis=-1)), 1)
-    constant = getattr(cfg, "aggregation_constant", 0) or values.shape[-1]
+    constant = getattr(cfg, "aggregation_constant", 0) or completion_budget
+    if mode == "seq_sum_norm" and not constant > 0:
+        raise ValueError("aggregation_constant: seq_sum_norm divides by the completion budget; set "
+                         "learner.grpo.aggregation_constant or pass completion_budget (engine.max_new_tokens)")
     return AGGREGATIONS[mode](values, loss_mask, num_tokens, num_sequences, float(constant))
 
 
@@ -291,6 +298,7 @@ def grpo_token_loss(
     entropy: jax.Array | None = None,
     proximal_logprobs: jax.Array | None = None,
     num_sequences=None,
+    completion_budget: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO-family loss of a (micro)batch: clipped surrogate, correction, aggregation.
 
@@ -312,6 +320,8 @@ def grpo_token_loss(
         default stop_gradient(logprobs) (one optimizer step per batch: the current policy).
       num_sequences: the GLOBAL number of sequences with completion tokens (sequence-level
         aggregations); default: those of this (micro)batch.
+      completion_budget: the most tokens a completion may have (engine.max_new_tokens): the
+        divisor of seq_sum_norm when cfg.aggregation_constant is 0.
 
     Returns:
       (loss scalar, metrics): metrics are additive over microbatches (token sums / num_tokens):
@@ -338,7 +348,7 @@ def grpo_token_loss(
     dual_clip = getattr(cfg, "dual_clip", 0.0)
     objective, clipped = clipped_surrogate(ratio, advantages, cfg.clip_low, cfg.clip_high,
                                            dual_clip)  # [B, T]
-    pg_loss = -aggregate(weight * objective, mask, cfg, num_tokens, num_sequences)
+    pg_loss = -aggregate(weight * objective, mask, cfg, num_tokens, num_sequences, completion_budget)
     loss = pg_loss
 
     sg = jax.lax.stop_gradient

@@ -58,13 +58,17 @@ class GRPOTrainStep:
       logits_fn: pure function (params, tokens, positions, mask) -> logits [B, T, V], e.g.
         functools.partial(learner.models.llama.forward, graphdef).
       cfg: LearnerConfig (optimizer and grpo are read).
+      completion_budget: the most tokens a completion may have (engine.max_new_tokens), the
+        divisor of the seq_sum_norm aggregation (Dr.GRPO) unless grpo.aggregation_constant is set.
       donate_state: also donate params and opt_state to `apply` (saves one copy of each in device
         memory). Only safe if nothing else holds the previous params, e.g. an in-process actor
         still sampling with the published weights; off by default for that reason.
     """
 
-    def __init__(self, logits_fn: LogitsFn, cfg: LearnerConfig, *, donate_state: bool = False):
+    def __init__(self, logits_fn: LogitsFn, cfg: LearnerConfig, *, completion_budget: int = 0,
+                 donate_state: bool = False):
         self.cfg = cfg
+        self.completion_budget = int(completion_budget)
         self.optimizer = optim.make_optimizer(cfg.optimizer)
         self._logits_fn = logits_fn
         self._metric_keys: tuple[str, ...] | None = None
@@ -89,6 +93,7 @@ class GRPOTrainStep:
         return grpo_token_loss(
             logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
             entropy=entropy, proximal_logprobs=proximal_logprobs, num_sequences=num_sequences,
+            completion_budget=self.completion_budget,
         )
 
     def _proximal_impl(self, params, packed):

@@ -64,10 +64,13 @@ class PPOTrainStep:
     Args:
       graphdef: the policy's nnx GraphDef (the critic trunk, if separate, shares it).
       cfg: LearnerConfig (optimizer, grpo for the policy loss, ppo for the critic side).
+      completion_budget: engine.max_new_tokens, the divisor of the seq_sum_norm aggregation
+        unless grpo.aggregation_constant is set.
     """
 
-    def __init__(self, graphdef, cfg: LearnerConfig):
+    def __init__(self, graphdef, cfg: LearnerConfig, *, completion_budget: int = 0):
         self.cfg = cfg
+        self.completion_budget = int(completion_budget)
         self.graphdef = graphdef
         self.optimizer = optim.make_optimizer(cfg.optimizer)
         self.critic_optimizer = optim.make_optimizer(
@@ -124,7 +127,7 @@ class PPOTrainStep:
             adv = ppo_ops.whiten(adv, mask, adv_mean, adv_std)
         pg_loss, metrics = grpo_token_loss(
             logprobs, mb.behavior_logprobs, adv, mask, num_tokens, grpo, entropy=entropy,
-            num_sequences=num_sequences)
+            num_sequences=num_sequences, completion_budget=self.completion_budget)
         v_loss = token_sum(ppo_ops.value_loss(values, old_values, returns, ppo.value_clip),
                            mask, num_tokens)
         loss = pg_loss + ppo.value_coef * v_loss
