@@ -315,7 +315,8 @@ def grpo_token_loss(
       num_tokens: the GLOBAL number of completion tokens of the whole batch (all microbatches).
       cfg: GRPOConfig (clip_low, clip_high, dual_clip, correction, is_cap, entropy_coef, aggregation,
         aggregation_constant, importance_level are read).
-      entropy: optional [B, T] per-token entropy; enables the entropy metric and bonus.
+      entropy: optional [B, T] per-token entropy; enables the entropy metric and bonus (the train
+        steps compute it only when cfg.entropy_coef > 0: it needs the full [B, T, V] softmax).
       proximal_logprobs: optional [B, T] log-probs of the proximal policy for "decoupled";
         default stop_gradient(logprobs) (one optimizer step per batch: the current policy).
       num_sequences: the GLOBAL number of sequences with completion tokens (sequence-level
@@ -325,7 +326,8 @@ def grpo_token_loss(
 
     Returns:
       (loss scalar, metrics): metrics are additive over microbatches (token sums / num_tokens):
-      pg_loss, clip_frac (either clip binding), dual_clip_frac, ratio_mean, is_weight_mean, is_truncated_frac, entropy (if given) and
+      pg_loss, clip_frac (either clip binding), dual_clip_frac, ratio_mean, is_weight_mean,
+      is_truncated_frac, entropy (if given), entropy_sampled (mean -log pi of the tokens) and
       those of mismatch_metrics; pass their microbatch sum to finalize_metrics for the ESS.
     """
     mask = loss_mask.astype(jnp.float32)  # [B, T]
@@ -364,6 +366,9 @@ def grpo_token_loss(
         "is_weight_mean": token_sum(sg(weight), mask, num_tokens),
         "is_truncated_frac": token_sum(truncated.astype(jnp.float32), mask, num_tokens),
     }
+    # -log pi of the sampled tokens: an estimate of the entropy that costs nothing (exact in
+    # expectation when the tokens come from the learner's own policy; staleness biases it).
+    metrics["entropy_sampled"] = token_sum(-sg(logprobs), mask, num_tokens)
     if entropy is not None:
         mean_entropy = token_sum(entropy, mask, num_tokens)
         if cfg.entropy_coef:

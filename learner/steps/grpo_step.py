@@ -24,7 +24,7 @@ import optax
 
 from learner import optimizer as optim
 from learner.algorithms.grpo import finalize_metrics, grpo_token_loss
-from learner.algorithms.logprobs import token_logprobs_and_entropy
+from learner.algorithms.logprobs import token_logprobs, token_logprobs_and_entropy
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
 
@@ -89,7 +89,10 @@ class GRPOTrainStep:
         proximal_logprobs [M, T] to the current policy's (stop-gradient) log-probs."""
         grpo = self.cfg.grpo
         logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
-        logprobs, entropy = token_logprobs_and_entropy(logits, mb.tokens, grpo.temperature)
+        if grpo.entropy_coef > 0:  # the bonus needs the exact entropy and its gradient
+            logprobs, entropy = token_logprobs_and_entropy(logits, mb.tokens, grpo.temperature)
+        else:  # no [M, T, V] softmax: the metric is the sampled estimate (entropy_sampled)
+            logprobs, entropy = token_logprobs(logits, mb.tokens, grpo.temperature), None
         return grpo_token_loss(
             logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
             entropy=entropy, proximal_logprobs=proximal_logprobs, num_sequences=num_sequences,
@@ -99,8 +102,7 @@ class GRPOTrainStep:
     def _proximal_impl(self, params, packed):
         mb = unpack_microbatch(packed)
         logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
-        logprobs, _ = token_logprobs_and_entropy(logits, mb.tokens, self.cfg.grpo.temperature)
-        return logprobs  # [M, T]
+        return token_logprobs(logits, mb.tokens, self.cfg.grpo.temperature)  # [M, T]
 
     def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None):
         mb = unpack_microbatch(packed)  # [M, 5T + 1] int32 -> Microbatch
@@ -190,7 +192,7 @@ class GRPOTrainStep:
           of each microbatch's gradient contribution, which is normalized by the global num_tokens;
           multiply by (num_tokens / microbatch_tokens[i])^2 for the norm of that microbatch's own
           mean gradient), microbatch_tokens (list), clip_frac, ratio_mean, is_weight_mean,
-          is_truncated_frac, entropy, logprob_diff_abs, mismatch_kl, ess, learning_rate, b1, b2,
+          is_truncated_frac, entropy_sampled, entropy (only with entropy_coef > 0), logprob_diff_abs, mismatch_kl, ess, learning_rate, b1, b2,
           eps (as used by this step), tokens, num_microbatches, step (after the update). With
           several minibatches the loss metrics and grad norms are means over them (the first
           minibatch's are the on-policy ones) and optimizer_updates says how many ran.

@@ -29,7 +29,7 @@ from flax import nnx
 from learner import optimizer as optim
 from learner.algorithms import ppo as ppo_ops
 from learner.algorithms.grpo import finalize_metrics, grpo_token_loss, token_sum
-from learner.algorithms.logprobs import token_logprobs_and_entropy
+from learner.algorithms.logprobs import token_logprobs, token_logprobs_and_entropy
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
 from learner.steps.grpo_step import _sum_squares, count_sequences
@@ -84,10 +84,15 @@ class PPOTrainStep:
     # ---- pure functions (traced) ----
 
     def _forward(self, params, critic_params, mb: Microbatch):
-        """(logprobs [M, T], entropy [M, T], values [M, T]) of the policy and critic."""
+        """(logprobs [M, T], entropy [M, T] or None, values [M, T]) of the policy and critic; the
+        entropy (a full [M, T, V] softmax) only when the loss has an entropy bonus."""
         hidden, model = _hidden(self.graphdef, params, mb.tokens, mb.positions, mb.mask)
-        logprobs, entropy = token_logprobs_and_entropy(
-            model.logits(hidden), mb.tokens, self.cfg.grpo.temperature)
+        grpo = self.cfg.grpo
+        if grpo.entropy_coef > 0:
+            logprobs, entropy = token_logprobs_and_entropy(model.logits(hidden), mb.tokens,
+                                                           grpo.temperature)
+        else:
+            logprobs, entropy = token_logprobs(model.logits(hidden), mb.tokens, grpo.temperature), None
         if "trunk" in critic_params:
             hidden, _ = _hidden(self.graphdef, critic_params["trunk"], mb.tokens, mb.positions,
                                 mb.mask)
@@ -97,8 +102,7 @@ class PPOTrainStep:
         if ref_params is None:
             return jnp.zeros(mb.tokens.shape, jnp.float32)
         hidden, model = _hidden(self.graphdef, ref_params, mb.tokens, mb.positions, mb.mask)
-        return token_logprobs_and_entropy(model.logits(hidden), mb.tokens,
-                                          self.cfg.grpo.temperature)[0]
+        return token_logprobs(model.logits(hidden), mb.tokens, self.cfg.grpo.temperature)
 
     def _prepare_impl(self, params, critic_params, ref_params, packed):
         ppo = self.cfg.ppo
@@ -233,7 +237,7 @@ class PPOTrainStep:
 
         Returns:
           (new state, host metrics): those of GRPOTrainStep.update (loss, pg_loss, clip_frac, ess,
-          mismatch_kl, entropy, grad_norm, microbatch_grad_norm_sq, ...) plus value_loss,
+          mismatch_kl, entropy_sampled, entropy, grad_norm, microbatch_grad_norm_sq, ...) plus value_loss,
           value_mean, return_mean, explained_variance, value_clip_frac, advantage_mean / _std
           (GAE, before whitening), kl_ref and kl_ref_start (if kl_coef > 0), critic_grad_norm.
         """
