@@ -99,6 +99,8 @@ class Actor:
         # oldest row.
         row_versions = getattr(result, "policy_versions", None)
         engine_name = getattr(self.engine, "name", "jax")
+        kept = getattr(result, "kept_logmass", None)  # top-p truncation; not sent when there is none
+        kept = kept if kept is not None and np.any(kept != 0) else None
         groups = []
         for i, prompt in enumerate(prompts):
             completions, logprobs, rewards, exact = [], [], [], []
@@ -114,6 +116,9 @@ class Actor:
                 prompt_id=prompt.prompt_id, task=self.task.name, prompt_tokens=list(prompt.tokens),
                 completion_tokens=completions, behavior_logprobs=logprobs, rewards=rewards,
                 exact_match=exact, actor_id=self.actor_id,
+                kept_logmass=None if kept is None else [
+                    kept[r, :len(completions[r - i * G])].astype(np.float64).tolist()
+                    for r in range(i * G, (i + 1) * G)],
                 policy_version=version if row_versions is None else int(min(row_versions[i * G:(i + 1) * G])),
                 timings=EngineTimings(queued_at=queued_at, started_at=started_at,
                                       finished_at=finished_at,

@@ -95,6 +95,10 @@ class Config:
                 f"learner.grpo.temperature: {self.learner.grpo.temperature} must equal "
                 f"engine.temperature ({self.engine.temperature}) so the learner scores the distribution "
                 "the sampler drew from")
+        if (self.learner.grpo.behavior_logprobs == "nucleus" and self.actors.engine == "sglang"
+                and self.engine.top_p < 1.0):
+            raise ConfigError("learner.grpo.behavior_logprobs: 'nucleus' needs the kept top-p mass, which "
+                              "the SGLang engine does not report; use 'full' or actors.engine=jax")
         if self.learner.batch_size % self.learner.group_size:
             raise ConfigError("learner.batch_size: must be a multiple of learner.group_size")
         if self.learner.minibatches > 1 and self.controller.enabled:

@@ -58,6 +58,10 @@ class GRPOConfig:
     # With max_staleness=0 all three are the same objective.
     correction: Literal["decoupled", "coupled", "none"] = "coupled"
     is_cap: float = 2.0  # Truncation cap of the behavior importance weight; <= 0 disables the cap.
+    # Which behavior logprobs the correction uses under top-p: "full" (log-softmax over the whole
+    # vocabulary, what the learner recomputes: sampler == learner gives ratio 1) or "nucleus"
+    # (logprob - kept_logmass: the probability the token was actually drawn with).
+    behavior_logprobs: Literal["full", "nucleus"] = "full"
     temperature: float = 1.0  # Sampling temperature; the learner divides logits by it.
     entropy_coef: float = 0.0  # Weight of the token-mean entropy bonus (subtracted from the loss).
     # Which std divides the group-centered rewards when scale_by_std: each group's own ("group",
@@ -91,6 +95,7 @@ class GRPOConfig:
             raise ValueError(
                 f"correction: must be one of 'decoupled', 'coupled', 'none', got {self.correction!r}"
             )
+        _check_choice("behavior_logprobs", self.behavior_logprobs, ("full", "nucleus"))
         if not self.temperature > 0:
             raise ValueError(f"temperature: must be > 0, got {self.temperature}")
         if self.entropy_coef < 0:

@@ -65,6 +65,10 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
     actor_id: str  # which actor sent the group
     timings: EngineTimings
     exact_match: list[bool] | None = None  # [G] optional: did the answer match exactly
+    # [G][T_g] optional: log of the probability mass the sampler's top-p nucleus kept at each
+    # token (<= 0): the token was drawn with probability exp(behavior_logprob - kept_logmass), and
+    # -kept_logmass is KL(truncated || full) of that step. None: no truncation, or not reported.
+    kept_logmass: list[list[float]] | None = None
 
     @property
     def group_size(self) -> int:
@@ -74,9 +78,10 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
     def validate(self) -> None:
         """Raises InvalidMessage unless the per-completion fields agree in length and are sane.
 
-        Checks: G >= 1; behavior_logprobs, rewards (and exact_match if given) have G entries; each
-        completion has as many logprobs as ids; ids are >= 0; logprobs and rewards are finite;
-        policy_version >= 0; prompt_id is non-empty.
+        Checks: G >= 1; behavior_logprobs, rewards (and exact_match, kept_logmass if given) have G
+        entries; each completion has as many logprobs (and kept log-masses) as ids; ids are >= 0;
+        logprobs, kept log-masses and rewards are finite; policy_version >= 0; prompt_id is
+        non-empty.
         """
         name = "RolloutGroup"
         if not self.prompt_id:
@@ -91,6 +96,8 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
         per_completion = {"behavior_logprobs": self.behavior_logprobs, "rewards": self.rewards}
         if self.exact_match is not None:
             per_completion["exact_match"] = self.exact_match
+        if self.kept_logmass is not None:
+            per_completion["kept_logmass"] = self.kept_logmass
         for field, values in per_completion.items():
             if len(values) != group_size:
                 raise InvalidMessage(
@@ -112,6 +119,12 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
                     raise InvalidMessage(
                         f"{name}.behavior_logprobs[{i}][{j}]: must be finite, got {logprobs[j]}"
                     )
+        for i, (tokens, kept) in enumerate(zip(self.completion_tokens, self.kept_logmass or ())):
+            if len(kept) != len(tokens):
+                raise InvalidMessage(f"{name}.kept_logmass[{i}]: has {len(kept)} values for "
+                                     f"{len(tokens)} tokens in completion_tokens[{i}]")
+            if not math.isfinite(sum(kept)):
+                raise InvalidMessage(f"{name}.kept_logmass[{i}]: must be finite")
         for i, reward in enumerate(self.rewards):
             if not math.isfinite(reward):
                 raise InvalidMessage(f"{name}.rewards[{i}]: must be finite, got {reward}")
