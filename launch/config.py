@@ -31,6 +31,8 @@ class RunConfig:
     progress: bool = True  # print a progress line per evaluation / every few steps
     resume: Literal["no", "auto", "yes"] = "no"  # continue from run.dir's newest checkpoint (auto: if any)
     log_every: int = 5  # progress line every this many updates
+    # JAX persistent compilation cache: "auto" ($XDG_CACHE_HOME or ~/.cache, /cadence/jax), a directory, or "none"
+    jax_cache: str = "auto"
 
     def validate(self) -> None:
         if self.steps < 0:

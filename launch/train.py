@@ -27,7 +27,7 @@ from actors.actor_loop import Actor
 from actors.engine import JaxEngine
 from actors.prompt_stream import PromptStream
 from actors.tasks.base import make_task
-from launch import artifacts, run_state
+from launch import artifacts, compile_cache, run_state
 from launch.config_loader import ConfigError, to_dict
 from launch.config import Config, seq_len as config_seq_len
 from launch.metrics import Clock, MetricsWriter, Progress
@@ -187,6 +187,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
       hyperparameters, actor concurrency).
     Raises ConfigError (a resume with changed frozen keys, nothing to resume), RunFinished.
     """
+    compile_cache.enable(cfg.run.jax_cache)  # before the first compile (launch/compile_cache.py)
     run_dir = os.path.abspath(run_dir or cfg.run.dir or artifacts.default_run_dir(cfg))
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     has_ckpt = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
