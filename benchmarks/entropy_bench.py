@@ -22,12 +22,11 @@ import sys
 
 import jax
 import numpy as np
-import optax
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench_timing import median_seconds  # noqa: E402
-from learner_bench import BATCH, GROUP, MICROBATCH, PAD, SEQ_LEN, make_groups  # noqa: E402
+from learner_bench import BATCH, GROUP, MICROBATCH, PAD, SEQ_LEN, bare_update, make_groups  # noqa: E402
 
 from learner.algorithms.grpo import grpo_token_loss  # noqa: E402
 from learner.algorithms.logprobs import token_logprobs_and_entropy  # noqa: E402
@@ -79,20 +78,7 @@ def main() -> None:
             states[name], metrics[name] = step.update(states[name], microbatches, n)
         return call
 
-    tx = ours.optimizer
-
-    @jax.jit
-    def bare_step(p, o, batch, num):
-        (_, _), grads = jax.value_and_grad(ours.loss_fn, has_aux=True)(p, batch, num)
-        updates, o = tx.update(grads, o, p)
-        return optax.apply_updates(p, updates), o
-
-    bare_state = {"p": params, "o": tx.init(params)}
-    full_dev, n_dev = jax.device_put(full), jax.device_put(np.float32(n))
-
-    def bare():
-        bare_state["p"], bare_state["o"] = bare_step(bare_state["p"], bare_state["o"], full_dev, n_dev)
-        jax.block_until_ready(bare_state["p"])
+    bare = bare_update(ours, params, full, n)
 
     times = {"ours": [], "exact": [], "bare": []}
     for _ in range(3):  # interleaved, so a noisy neighbour hits all three alike

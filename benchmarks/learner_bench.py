@@ -53,6 +53,28 @@ def make_groups(vocab: int, seed: int = 0) -> list[RolloutGroup]:
     return groups
 
 
+def bare_update(step: GRPOTrainStep, params, full, num_tokens: int):
+    """The bare baseline: one jax.jit of value_and_grad(step.loss_fn) + the same optax update over
+    the whole batch `full` already on the device. Returns a call that runs one update and waits."""
+    tx = step.optimizer
+
+    @jax.jit
+    def bare_step(params, opt_state, batch, n):
+        (_, _), grads = jax.value_and_grad(step.loss_fn, has_aux=True)(params, batch, n)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    state = {"p": params, "o": tx.init(params)}
+    full_dev = jax.device_put(full)
+    n_dev = jax.device_put(np.float32(num_tokens))
+
+    def bare():
+        state["p"], state["o"] = bare_step(state["p"], state["o"], full_dev, n_dev)
+        jax.block_until_ready(state["p"])
+
+    return bare
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="timed repeats (median reported)")
@@ -79,22 +101,7 @@ def main() -> None:
     def ours():
         state["s"], _ = step.update(state["s"], microbatches, num_tokens)
 
-    # Bare: one jitted step over the whole batch on the device.
-    tx = step.optimizer
-
-    @jax.jit
-    def bare_step(params, opt_state, batch, n):
-        (_, _), grads = jax.value_and_grad(step.loss_fn, has_aux=True)(params, batch, n)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    bare_state = {"p": params, "o": tx.init(params)}
-    full_dev = jax.device_put(full)
-    n_dev = jax.device_put(np.float32(num_tokens))
-
-    def bare():
-        bare_state["p"], bare_state["o"] = bare_step(bare_state["p"], bare_state["o"], full_dev, n_dev)
-        jax.block_until_ready(bare_state["p"])
+    bare = bare_update(step, params, full, num_tokens)
 
     # Interleave the two so a noisy neighbour hits both alike; keep the median of each.
     ours_s, bare_s = [], []
