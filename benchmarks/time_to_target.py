@@ -4,8 +4,8 @@ Each run is a fresh `cadence train` process (compilation included, cold caches),
 first evaluation that reaches the target. Setups, in one invocation:
   default        the defaults (asynchronous, max_staleness=1)
   default-sync   the same with actors.max_staleness=0 (synchronous, on-policy)
-  reference      benchmarks/configs/reference.yaml: the PyTorch GRPO trainer's setup
-                 (135k-param Llama, 30 warm-up steps, 16 prompts x 8, Adam 3e-4, no KL)
+  reference      benchmarks/configs/reference.yaml: the setup the brief quoted a PyTorch GRPO
+                 trainer for (135k-param Llama, 30 warm-up steps, 16 prompts x 8, Adam 3e-4, no KL)
 Prints one JSON line per setup (median over seeds) and a final comparison line.
 
     python benchmarks/time_to_target.py [--seeds 0 1 2] [--setups default default-sync reference]
