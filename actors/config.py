@@ -89,22 +89,59 @@ class SGLangConfig:
 @dataclasses.dataclass(frozen=True)
 class ActorsConfig:
     engine: Literal["jax", "sglang"] = "jax"  # generation engine: the built-in JAX sampler or SGLang servers
-    num_actors: int = 1  # actor threads, each with its own engine call in flight
+    num_actors: int = 1  # actor threads in the learner's process (used when processes = 0; 0 = only actors that join with `cadence actor`)
+    processes: int = 0  # actor processes on this machine instead of threads, restarted if they die (engine=jax)
     prompts_per_call: int = 16  # prompts per engine call (x group_size completions): the concurrency
     max_staleness: int = 1  # policy versions a sample may lag the step that trains on it; 0 = synchronous
     queue_size: int = 0  # bound on groups waiting for the learner (0 = no bound; admission bounds it anyway)
-    seed: int = 0  # sampling RNG seed (actor i uses seed + i)
+    seed: int = 0  # sampling RNG seed, shared by all actors (keys are folded with the prompt index)
+    listen: str = "tcp://127.0.0.1:0"  # where actor processes connect (`cadence actor --connect`); port 0 = a free one, kept across resumes (RUN_DIR/endpoint.json)
+    keys_dir: str = ""  # CurveZMQ keys (`cadence keys DIR`): peers must authenticate; required to listen beyond loopback
+    heartbeat_seconds: float = 1.0  # actors and learner tell each other they are alive this often
+    heartbeat_timeout_seconds: float = 10.0  # an actor silent this long is gone: its prompts are re-issued
+    liveness_timeout_seconds: float = 600.0  # an actor stuck this long in one phase (generating, scoring) with prompts in flight is hung
+    restart_backoff_seconds: float = 1.0  # first delay before restarting a dead actor process; doubles while they keep dying
+    max_message_mb: float = 64.0  # largest message accepted from an actor
     sglang: SGLangConfig = dataclasses.field(default_factory=SGLangConfig)  # used when engine=sglang
 
     def validate(self) -> None:
-        if self.num_actors < 1:
-            raise ValueError(f"num_actors: must be >= 1, got {self.num_actors}")
+        if self.num_actors < 0:
+            raise ValueError(f"num_actors: must be >= 0, got {self.num_actors}")
+        if self.num_actors == 0 and self.processes == 0 and not self.listen:
+            raise ValueError("num_actors: 0 actor threads and no actor processes need actors.listen, where actors "
+                             "started with `cadence actor --connect` join")
         if self.prompts_per_call < 1:
             raise ValueError(f"prompts_per_call: must be >= 1, got {self.prompts_per_call}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness: must be >= 0, got {self.max_staleness}")
         if self.queue_size < 0:
             raise ValueError(f"queue_size: must be >= 0, got {self.queue_size}")
+        if self.processes < 0:
+            raise ValueError(f"processes: must be >= 0, got {self.processes}")
+        if self.processes and self.engine != "jax":
+            raise ValueError("processes: actor processes run the built-in engine (engine=jax); SGLang servers "
+                             "are driven by actor threads (processes=0)")
+        for name in ("heartbeat_seconds", "heartbeat_timeout_seconds", "liveness_timeout_seconds",
+                     "max_message_mb"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.heartbeat_timeout_seconds < 2 * self.heartbeat_seconds:
+            raise ValueError(f"heartbeat_timeout_seconds: {self.heartbeat_timeout_seconds} must be at least twice "
+                             f"heartbeat_seconds ({self.heartbeat_seconds})")
+        if self.restart_backoff_seconds < 0:
+            raise ValueError(f"restart_backoff_seconds: must be >= 0, got {self.restart_backoff_seconds}")
+        if self.listen and not self.listen.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"listen: {self.listen!r} must be tcp://HOST:PORT or ipc://PATH ('' = no listener)")
+        if self.keys_dir and not os.path.isfile(os.path.join(self.keys_dir, "server.key_secret")):
+            raise ValueError(f"keys_dir: {os.path.join(self.keys_dir, 'server.key_secret')} does not exist "
+                             f"(write a key set with `cadence keys {self.keys_dir}`)")
+        if self.listen:
+            from protocols.zmq_transport import SecurityError, check_bind
+
+            try:
+                check_bind(self.listen, bool(self.keys_dir), "keys_dir")
+            except SecurityError as e:
+                raise ValueError(str(e)) from None
         if self.engine == "sglang" and not self.sglang.urls and not self.sglang.resolved_python():
             raise ValueError("sglang.launch_python: set it (or $CADENCE_SGLANG_PYTHON) to the python of "
                              "the SGLang venv, or attach running servers with sglang.urls")

@@ -27,6 +27,11 @@ class PromptStream:
             self._next += fresh
         return [self.task.prompt(i) for i in indices]
 
+    def reissue(self, indices) -> None:
+        """Hand these out again, before anything fresh (prompts of an actor that is gone)."""
+        with self._lock:
+            self._reissue[:0] = sorted(indices)
+
     @property
     def position(self) -> int:
         """Index of the next fresh prompt to hand out."""

@@ -4,8 +4,11 @@ Each run is a fresh `cadence train` process (compilation included, cold caches),
 first evaluation that reaches the target. Setups, in one invocation:
   default        the defaults (asynchronous, max_staleness=1)
   default-sync   the same with actors.max_staleness=0 (synchronous, on-policy)
+  default-inline the default with rewards scored inline in the actor thread (task.reward_workers=0)
+                 instead of the worker pool: what the pool costs the default run
   reference      benchmarks/configs/reference.yaml: the setup the brief quoted a PyTorch GRPO
                  trainer for (135k-param Llama, 30 warm-up steps, 16 prompts x 8, Adam 3e-4, no KL)
+  processes-1    the default with actors.processes=1 (the actor in its own process, over ZeroMQ)
 Prints one JSON line per setup (median over seeds) and a final comparison line.
 
     python benchmarks/time_to_target.py [--seeds 0 1 2] [--setups default default-sync reference]
@@ -34,7 +37,9 @@ TARGET = 0.5
 SETUPS = {
     "default": [],
     "default-sync": ["actors.max_staleness=0"],
+    "default-inline": ["task.reward_workers=0"],
     "reference": ["--config", os.path.join(HERE, "configs", "reference.yaml")],
+    "processes-1": ["actors.processes=1"],  # the default with its actor in a process of its own
 }
 
 
@@ -57,8 +62,8 @@ def run_once(setup: str, seed: int, max_steps: int, workdir: str, lr: float | No
     rl_start = rows[0]["wall_time"]
     rl_wall = steps[-1]["wall_time"] - rl_start
     wait = sum(r["learner/wait_seconds"] for r in steps)
-    gen = steps[-1]["actors/generate_seconds"]
-    adm = steps[-1]["actors/admission_wait_seconds"]
+    gen = steps[-1].get("actors/generate_seconds") or 0.0
+    adm = steps[-1].get("actors/admission_wait_seconds")  # measured for actor threads only
     hit = summary["target_reached_at"]
     return {
         "seed": seed,
@@ -71,7 +76,7 @@ def run_once(setup: str, seed: int, max_steps: int, workdir: str, lr: float | No
         "samples_per_second": steps[-1]["samples"] / max(rl_wall, 1e-9),
         "learner_idle_fraction": wait / max(rl_wall, 1e-9),      # learner blocked on samples
         "actor_busy_fraction": gen / max(rl_wall, 1e-9),          # actor inside engine calls
-        "actor_admission_wait_fraction": adm / max(rl_wall, 1e-9),  # actor blocked by the bound
+        "actor_admission_wait_fraction": None if adm is None else adm / max(rl_wall, 1e-9),  # blocked by the bound
         "final_exact_match": summary["final_eval"]["eval/exact_match"],
     }
 
@@ -90,7 +95,7 @@ def _best(lines: list[dict]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    p.add_argument("--setups", nargs="+", default=["default", "default-sync", "reference"], choices=list(SETUPS))
     p.add_argument("--max-steps", type=int, default=1500)
     p.add_argument("--lr", nargs="+", default=[], metavar="SETUP=LR",
                    help="a setup's own learning rate, e.g. default-sync=2e-3")
@@ -100,18 +105,30 @@ def main() -> None:
     own_lr = {k: float(v) for k, v in (x.split("=", 1) for x in a.lr)}
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as work:
-        for setup in a.setups:
-            for lr in a.sweep_lr or [own_lr.get(setup)]:
-                runs = [run_once(setup, s, a.max_steps, work, lr) for s in a.seeds]
-                line = {"bench": "time_to_target", "setup": setup, "lr": lr, "target_exact_match": TARGET,
-                        "seeds": a.seeds, "reached": sum(r["reached"] for r in runs)}
-                for key in ("wall_seconds", "process_seconds", "samples", "steps", "startup_seconds",
-                            "samples_per_second", "learner_idle_fraction", "actor_busy_fraction",
-                            "actor_admission_wait_fraction"):
-                    line[key] = median(runs, key)
-                line["runs"] = runs
-                results.setdefault(setup, []).append(line)
-                print(json.dumps(line), flush=True)
+        # Seeds outer, setups (and lrs) inner: on a shared machine, load changes over minutes hit
+        # every setup alike instead of whichever ran last.
+        cells = [(setup, lr) for setup in a.setups for lr in (a.sweep_lr or [own_lr.get(setup)])]
+        by_cell: dict[tuple, list[dict]] = {cell: [] for cell in cells}
+        for s in a.seeds:
+            for setup, lr in cells:
+                by_cell[(setup, lr)].append(run_once(setup, s, a.max_steps, work, lr))
+        for (setup, lr), runs in by_cell.items():
+            line = {"bench": "time_to_target", "setup": setup, "lr": lr, "target_exact_match": TARGET,
+                    "seeds": a.seeds, "reached": sum(r["reached"] for r in runs)}
+            for key in ("wall_seconds", "process_seconds", "samples", "steps", "startup_seconds",
+                        "samples_per_second", "learner_idle_fraction", "actor_busy_fraction",
+                        "actor_admission_wait_fraction"):
+                line[key] = median(runs, key)
+            line["runs"] = runs
+            results.setdefault(setup, []).append(line)
+            print(json.dumps(line), flush=True)
+    if "default" in results and "default-inline" in results:
+        d, i = _best(results["default"]), _best(results["default-inline"])
+        print(json.dumps({"bench": "reward_pool_vs_inline", "pool_wall_seconds": d["wall_seconds"],
+                          "inline_wall_seconds": i["wall_seconds"],
+                          "time_ratio": (d["wall_seconds"] / i["wall_seconds"])
+                          if d["wall_seconds"] and i["wall_seconds"] else None,
+                          "pool_samples": d["samples"], "inline_samples": i["samples"]}))
     if "default" in results and "default-sync" in results:
         d, s = _best(results["default"]), _best(results["default-sync"])
         ratio = (d["wall_seconds"] / s["wall_seconds"]) if d["wall_seconds"] and s["wall_seconds"] else None

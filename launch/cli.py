@@ -5,9 +5,16 @@
     cadence train --print-config [key=value ...]        show the resolved config and exit
     cadence eval RUN_DIR                                greedy held-out evaluation of a finished run
     cadence experiment NAME [--quick] [key=value ...]   batch-invariance | throughput | decision-rule
+    cadence actor --connect ENDPOINT [--keys DIR]       join a running learner as an actor process
+    cadence keys DIR                                    write CurveZMQ keys (actors.keys_dir=DIR)
+    cadence status RUN_DIR [--watch] [--json]           is the run healthy? (one screen)
+    cadence report RUN_DIR [RUN_DIR ...] [--out FILE]   one self-contained HTML file of plots
 
 Exit status: 0 done (also after SIGTERM/SIGINT with a final checkpoint), 1 runtime failure,
 2 bad config (the message names the key), 3 nothing to do (the run already finished).
+`cadence status` exits with the run's state: 0 running, 4 finished, 5 preempted (SIGTERM/SIGINT
+with a final checkpoint; resume it), 6 dead (killed, crashed, or its heartbeat went stale), and
+1 when RUN_DIR is not a run directory.
 """
 from __future__ import annotations
 
@@ -51,6 +58,22 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--metric", default=None, choices=["eval/reward", "eval/exact_match"])
     x.add_argument("--concurrencies", type=int, nargs="+", default=None, help="throughput: prompts per call")
     x.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the base training config")
+    a = sub.add_parser("actor", help="join a running learner as an actor process (this host or another)")
+    a.add_argument("--connect", required=True, metavar="ENDPOINT",
+                   help="the learner's dispatcher, e.g. tcp://10.0.0.5:5555 (RUN_DIR/endpoint.json has it)")
+    a.add_argument("--keys", default="", metavar="DIR", help="CurveZMQ keys (server.key, client.key, "
+                   "client.key_secret) when the learner listens with actors.keys_dir")
+    a.add_argument("--id", default="", help="actor name, unique among the run's actors (default HOST-PID)")
+    k = sub.add_parser("keys", help="write a CurveZMQ key set for actors.keys_dir")
+    k.add_argument("dir")
+    s = sub.add_parser("status", help="state, progress, throughput and ETA of a run (exit code = state)")
+    s.add_argument("run_dir")
+    s.add_argument("--watch", action="store_true", help="refresh until the run stops running (Ctrl-C to leave)")
+    s.add_argument("--interval", type=float, default=2.0, help="--watch refresh period, seconds")
+    s.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    r = sub.add_parser("report", help="an HTML report with plots comparing runs (no network needed to view)")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    r.add_argument("--out", default=None, help="output file (default RUN_DIR/report.html, or ./report.html for several)")
     return p
 
 
@@ -111,7 +134,7 @@ def cmd_eval(args) -> int:
     except ConfigError as e:
         return _fail(f"config error in {cfg_path}: {e}", EXIT_CONFIG)
     from actors.engine import JaxEngine
-    from actors.tasks.base import make_task
+    from actors.tasks.registry import make_task
     from launch import artifacts
     from launch.policy import build_policy
     from launch.train import evaluate
@@ -159,6 +182,50 @@ def cmd_experiment(args) -> int:
     return 0
 
 
+def cmd_keys(args) -> int:
+    from protocols.zmq_transport import SecurityError, write_keys
+
+    try:
+        keys = write_keys(args.dir)
+    except SecurityError as e:
+        return _fail(str(e), EXIT_CONFIG)
+    print(json.dumps({"keys_dir": keys.directory, "learner": "actors.keys_dir=" + keys.directory,
+                      "actor_hosts_need": ["server.key", "client.key", "client.key_secret"]}))
+    return 0
+
+
+def cmd_status(args) -> int:
+    from rich.console import Console
+
+    from launch import status
+
+    try:
+        st = status.run_status(args.run_dir)
+    except status.NotARun as e:
+        return _fail(str(e), status.EXIT_NOT_A_RUN)
+    if args.json:
+        print(json.dumps(st))
+    elif args.watch:
+        st = status.watch(args.run_dir, args.interval, Console())
+    else:
+        Console().print(status.render(st))
+    return status.EXIT_CODES[st["state"]]
+
+
+def cmd_report(args) -> int:
+    from launch.report import write_report
+    from launch.status import NotARun
+
+    try:
+        path = write_report(args.run_dirs, args.out)
+    except NotARun as e:
+        return _fail(str(e), 1)
+    except ImportError as e:  # matplotlib missing
+        return _fail(str(e), 1)
+    print(json.dumps({"report": path}))
+    return 0
+
+
 _OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
 _ONE_VALUE = {"--out", "--config", "--max-samples", "--eval-samples", "--target", "--metric"}
 
@@ -191,6 +258,16 @@ def main(argv=None) -> int:
         return cmd_train(args)
     if args.command == "experiment":
         return cmd_experiment(args)
+    if args.command == "actor":
+        from launch.actor_process import default_actor_id, main as actor_main
+
+        return actor_main(args.connect, args.id or default_actor_id(), args.keys)
+    if args.command == "keys":
+        return cmd_keys(args)
+    if args.command == "status":
+        return cmd_status(args)
+    if args.command == "report":
+        return cmd_report(args)
     return cmd_eval(args)
 
 

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+from typing import NamedTuple
 
-from launch.config_loader import ConfigError, load_yaml
+from actors.prompt_stream import PromptStream
+from launch import artifacts
+from launch.config_loader import ConfigError, load_yaml, to_dict
+from launch.metrics import Clock
+from protocols.ledger import SampleLedger
 
 # Dotted prefixes that a resumed run must share with the run it continues.
 FROZEN_PREFIXES = ("model.", "task.", "learner.group_size", "learner.seed", "engine.max_new_tokens")
@@ -69,3 +74,62 @@ def truncate_metrics(path: str, last_step: int) -> int:
         f.writelines(kept)
     os.replace(tmp, path)
     return len(kept)
+
+
+def locate(cfg, run_dir: str | None, resume: str) -> tuple[str, bool]:
+    """The run directory, and whether this start continues a checkpoint there.
+
+    resume: "no" (a new run), "auto" (continue if there is a checkpoint), "yes" (must continue).
+    Raises ConfigError for "yes" with nothing to continue, or a resume that changes frozen keys."""
+    run_dir = os.path.abspath(run_dir or cfg.run.dir or artifacts.default_run_dir(cfg))
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    has_ckpt = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
+    if resume == "yes" and not has_ckpt:
+        raise ConfigError(f"run.resume: nothing to resume in {run_dir} (no complete checkpoint)")
+    resuming = resume in ("yes", "auto") and has_ckpt
+    if resuming:
+        check_compatible(run_dir, saved_config(run_dir), to_dict(cfg))
+    return run_dir, resuming
+
+
+class Begin(NamedTuple):
+    """Where a run starts: restored from its newest checkpoint, or fresh."""
+    step0: int
+    arrays: dict | None  # the checkpoint's arrays (None for a fresh run)
+    restored: bool
+    meta: dict  # the checkpoint's metadata ({} for a fresh run)
+    ledger: SampleLedger
+    stream: PromptStream
+    clock: Clock
+    summary: dict
+
+
+def begin(cfg, run_dir: str, checkpointer, template: dict, task, progress, resume: str, resuming: bool) -> Begin:
+    """Restore the newest complete checkpoint (arrays, ledger with its queued groups, in-flight
+    prompts to re-issue, metrics truncated to the step), or prepare a fresh run directory.
+
+    template: the learner state's arrays ({name: tree}), for orbax to restore into."""
+    if not resuming:
+        artifacts.prepare_run_dir(cfg, run_dir, overwrite=resume == "auto")
+        return Begin(0, None, False, {}, SampleLedger(), PromptStream(task), Clock(), {"target_reached_at": None})
+    restored = checkpointer.restore_latest(template)
+    if restored is None:
+        raise ConfigError(f"run.resume: no checkpoint in {checkpointer.directory} restores (see the warnings above)")
+    step0, arrays, meta = restored
+    saved_steps = meta["config"]["run"]["steps"]
+    if meta.get("finished") and cfg.run.steps <= max(saved_steps, step0):
+        raise RunFinished(
+            f"{run_dir} already finished at step {step0} (run.steps={cfg.run.steps}); "
+            "raise run.steps to train further, or start a new run.dir")
+    ledger = SampleLedger.from_state_dict(meta["ledger"])
+    # prompts in flight at the checkpoint were never answered (as far as this timeline knows)
+    reissue = sorted(set(ledger.release(list(ledger.in_flight))) | set(meta["reissue"]))
+    stream = PromptStream(task, start=meta["stream_position"], reissue=reissue)
+    lines = truncate_metrics(os.path.join(run_dir, "metrics.jsonl"), step0)
+    summary = dict(meta["summary"])
+    summary.setdefault("resumed_from", []).append(
+        {"step": step0, "queued_restored": len(ledger.queued), "reissued": len(reissue)})
+    artifacts.write_config(cfg, run_dir)
+    progress.message(f"resumed {run_dir} at step {step0} ({lines} metrics lines kept, "
+                     f"{len(ledger.queued)} queued groups restored, {len(reissue)} prompts re-issued)")
+    return Begin(step0, arrays, True, meta, ledger, stream, Clock(offset=meta["wall_time"]), summary)

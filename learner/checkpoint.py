@@ -75,6 +75,7 @@ class Checkpointer:
         self._pending: concurrent.futures.Future | None = None
         self._last_save_time = time.monotonic()
         self.blocked_seconds = 0.0  # time the training loop spent inside save() calls
+        self.last_saved_at: float | None = None  # unix time the newest complete checkpoint was on disk
 
     @property
     def manager(self):
@@ -101,6 +102,12 @@ class Checkpointer:
         t0 = time.perf_counter()
         try:
             self.wait()  # one save at a time; raises if the previous background save failed
+            if step in self.manager.all_steps():
+                # A signal right after a periodic save: the arrays are those on disk already. Only a
+                # run's last save (meta "finished") must replace it, so a resume knows it is done.
+                if not meta.get("finished"):
+                    return
+                self.manager.delete(step)
             if self._writer is None or wait:
                 self._write(step, arrays, meta)
             else:
@@ -115,6 +122,7 @@ class Checkpointer:
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
                                                             meta=ocp.args.JsonSave(meta)), force=True)
             self.manager.wait_until_finished()
+            self.last_saved_at = time.time()
         except Exception as e:  # orbax surfaces OSError (disk full, permissions) wrapped or not
             raise CheckpointError(f"could not write checkpoint step {step} to {self.directory}: "
                                   f"{type(e).__name__}: {e}") from e
@@ -152,6 +160,7 @@ class Checkpointer:
             try:
                 out = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()))
+                self.last_saved_at = os.path.getmtime(os.path.join(self.directory, str(step)))
                 return step, out["state"], out["meta"]
             except Exception as e:  # corrupt or partial: fall back to the previous one
                 path = os.path.join(self.directory, str(step))

@@ -25,6 +25,10 @@ class PipelineStopped(RuntimeError):
     """The generation side stopped (an actor failed or the run was interrupted)."""
 
 
+class StopRequested(PipelineStopped):
+    """The run's stop event was set (a signal): the loop ends at the last completed step."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
     batch_size: int  # samples per update
@@ -79,7 +83,7 @@ class LearnerLoop:
         # groups whose advantages are all zero. Dropped groups free their admission slots.
         self.group_filter: Callable[[Any], str | None] | None = None
         self.dropped: dict[str, int] = {}
-        self.stop_reason = ""  # "preempted" when a signal asked for a clean exit
+        self.reward_errors: dict[str, int] = {}  # completions whose reward failed, by reason (whole run)
         self.on_concurrency = on_concurrency or (lambda c: None)
 
     def set_batch_size(self, batch_size: int) -> None:
@@ -109,9 +113,9 @@ class LearnerLoop:
         groups, staleness, dropped = [], [], 0
         t0 = time.perf_counter()
         while len(groups) < need:
+            self.health()  # first: a failed actor sets stop too, and its own error is the news
             if stop is not None and stop.is_set():
-                raise PipelineStopped("stopped while waiting for samples")
-            self.health()
+                raise StopRequested("stopped while waiting for samples")
             group = self.transport.get(timeout=0.1)
             if group is None:
                 continue
@@ -162,7 +166,27 @@ class LearnerLoop:
         })
         if "truncation_kl" in stats:  # top-p's share of the sampler/learner mismatch
             out["truncation_kl"] = stats["truncation_kl"]
+        out.update(self._task_metrics(batch.groups))
         return state, out
+
+    def _task_metrics(self, groups) -> dict:
+        """reward/errors/<reason> (completions of this batch whose reward failed; the run's totals
+        stay in self.reward_errors) and task/<name> (means over the batch's completions of the
+        task's own per-completion metrics)."""
+        out: dict = {}
+        for g in groups:
+            for reason in g.reward_errors or ():
+                if reason:
+                    out[f"reward/errors/{reason}"] = out.get(f"reward/errors/{reason}", 0) + 1
+                    self.reward_errors[reason] = self.reward_errors.get(reason, 0) + 1
+        # A metric a completion does not report counts as 0 for it (e.g. tool_use on a direct answer).
+        n = sum(len(g.rewards) for g in groups)
+        sums: dict[str, float] = {}
+        for g in groups:
+            for name, values in (g.task_metrics or {}).items():
+                sums[name] = sums.get(name, 0.0) + float(np.sum(values))
+        out.update({f"task/{name}": total / n for name, total in sums.items()})
+        return out
 
     def run(self, state, num_steps: int, on_step: Callable[[int, Any, dict], bool] | None = None,
             stop: threading.Event | None = None, start_step: int = 0):
@@ -170,10 +194,8 @@ class LearnerLoop:
         for step in range(start_step, num_steps):
             try:
                 batch = self.collect(stop)
-            except PipelineStopped:
-                if stop is not None and stop.is_set() and self.stop_reason == "preempted":
-                    break  # graceful: the caller checkpoints the last completed step
-                raise
+            except StopRequested:
+                break  # graceful: the caller checkpoints the last completed step
             state, metrics = self.train_on(state, batch)
             version = step + 1
             self.weights.publish(state.params, version)

@@ -26,7 +26,7 @@ import time
 class AdmissionGate:
     """Thread-safe sample credits shared by actors (admit) and the learner (take/drop)."""
 
-    def __init__(self, batch_size: int, max_staleness: int):
+    def __init__(self, batch_size: int, max_staleness: int, on_change=None):
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         if max_staleness < 0:
@@ -38,6 +38,9 @@ class AdmissionGate:
         self.consumed = 0      # samples taken by the learner or dropped (they left the line)
         self.steps_taken = 0   # batches the learner has started
         self.closed = False
+        # Called (outside the lock) when credits may have opened up: the dispatcher re-checks the
+        # actors waiting for work at once instead of at its next tick.
+        self.on_change = on_change or (lambda: None)
 
     # -- actor side ------------------------------------------------------------------------------
     def consuming_step(self, n: int) -> int:
@@ -77,6 +80,7 @@ class AdmissionGate:
         with self._cond:
             self.issued -= n
             self._cond.notify_all()
+        self.on_change()
 
     # -- learner side ----------------------------------------------------------------------------
     def take_batch(self, n: int) -> None:
@@ -85,12 +89,14 @@ class AdmissionGate:
             self.consumed += n
             self.steps_taken += 1
             self._cond.notify_all()
+        self.on_change()
 
     def drop(self, n: int) -> None:
         """Samples removed from the line without training (too stale): they free their slots."""
         with self._cond:
             self.consumed += n
             self._cond.notify_all()
+        self.on_change()
 
     def is_too_stale(self, version: int, step: int | None = None) -> bool:
         """Would a sample of `version` exceed the bound if the next step (or `step`) used it?"""
@@ -101,11 +107,13 @@ class AdmissionGate:
         with self._cond:
             self.batch_size = batch_size
             self._cond.notify_all()
+        self.on_change()
 
     def notify(self) -> None:
         """Wake waiting actors (e.g. a new policy version was published)."""
         with self._cond:
             self._cond.notify_all()
+        self.on_change()
 
     def close(self) -> None:
         with self._cond:

@@ -65,9 +65,16 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
     actor_id: str  # which actor sent the group
     timings: EngineTimings
     exact_match: list[bool] | None = None  # [G] optional: did the answer match exactly
+    grant_id: str = ""  # the dispatcher's grant this group answers ("" outside the dispatcher protocol)
+    # [G][T_g] optional: True where the policy sampled the token (trained on), False for tokens an
+    # environment put in the context (tool output: masked out of the loss). None: all True.
+    policy_mask: list[list[bool]] | None = None
+    reward_errors: list[str] | None = None  # [G] optional: "" or why scoring failed (the reward is then 0)
+    task_metrics: dict[str, list[float]] | None = None  # optional: the task's own per-completion metrics, [G] each
     # [G][T_g] optional: log of the probability mass the sampler's top-p nucleus kept at each
-    # token (<= 0): the token was drawn with probability exp(behavior_logprob - kept_logmass), and
-    # -kept_logmass is KL(truncated || full) of that step. None: no truncation, or not reported.
+    # token (<= 0; 0 on tokens the policy did not sample): the token was drawn with probability
+    # exp(behavior_logprob - kept_logmass), and -kept_logmass is KL(truncated || full) of that
+    # step. None: no truncation, or not reported.
     kept_logmass: list[list[float]] | None = None
 
     @property
@@ -78,9 +85,10 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
     def validate(self) -> None:
         """Raises InvalidMessage unless the per-completion fields agree in length and are sane.
 
-        Checks: G >= 1; behavior_logprobs, rewards (and exact_match, kept_logmass if given) have G
-        entries; each completion has as many logprobs (and kept log-masses) as ids; ids are >= 0;
-        logprobs, kept log-masses and rewards are finite; policy_version >= 0; prompt_id is
+        Checks: G >= 1; behavior_logprobs, rewards (and exact_match, policy_mask, reward_errors,
+        kept_logmass, each task_metrics list if given) have G entries; each completion has as many
+        logprobs (and policy_mask entries, kept log-masses) as ids; ids are >= 0; logprobs, kept
+        log-masses, rewards and task metrics are finite; policy_version >= 0; prompt_id is
         non-empty.
         """
         name = "RolloutGroup"
@@ -94,10 +102,13 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
         if group_size < 1:
             raise InvalidMessage(f"{name}.completion_tokens: a group needs at least 1 completion")
         per_completion = {"behavior_logprobs": self.behavior_logprobs, "rewards": self.rewards}
-        if self.exact_match is not None:
-            per_completion["exact_match"] = self.exact_match
-        if self.kept_logmass is not None:
-            per_completion["kept_logmass"] = self.kept_logmass
+        for field in ("exact_match", "policy_mask", "reward_errors", "kept_logmass"):
+            if getattr(self, field) is not None:
+                per_completion[field] = getattr(self, field)
+        for key, values in (self.task_metrics or {}).items():
+            per_completion[f"task_metrics[{key!r}]"] = values
+            if not math.isfinite(sum(values)):
+                raise InvalidMessage(f"{name}.task_metrics[{key!r}]: values must be finite")
         for field, values in per_completion.items():
             if len(values) != group_size:
                 raise InvalidMessage(
@@ -125,6 +136,11 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
                                      f"{len(tokens)} tokens in completion_tokens[{i}]")
             if not math.isfinite(sum(kept)):
                 raise InvalidMessage(f"{name}.kept_logmass[{i}]: must be finite")
+        if self.policy_mask is not None:
+            for i, (tokens, mask) in enumerate(zip(self.completion_tokens, self.policy_mask)):
+                if len(mask) != len(tokens):
+                    raise InvalidMessage(f"{name}.policy_mask[{i}]: has {len(mask)} entries for "
+                                         f"{len(tokens)} tokens in completion_tokens[{i}]")
         for i, reward in enumerate(self.rewards):
             if not math.isfinite(reward):
                 raise InvalidMessage(f"{name}.rewards[{i}]: must be finite, got {reward}")
@@ -135,8 +151,9 @@ class WeightsPublished(_Message, kw_only=True, tag="weights_published"):
 
     version: int  # policy version of the new weights
     step: int  # learner optimizer step that produced them
-    location: str  # where to find them: "inproc" or a checkpoint path
+    location: str  # where to find them: "inproc", a checkpoint path or a weights endpoint
     published_at: float  # time.time() at publication
+    tensors: list[TensorSpec] | None = None  # a weights transfer: the arrays whose frames follow
 
     def validate(self) -> None:
         """Raises InvalidMessage if version or step is negative or location is empty."""
@@ -148,6 +165,22 @@ class WeightsPublished(_Message, kw_only=True, tag="weights_published"):
             raise InvalidMessage("WeightsPublished.location: must be non-empty")
 
 
+class TensorSpec(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One array of a weights transfer: its tree path, dtype and shape, sent as `frames` raw frames."""
+
+    path: str
+    dtype: str  # numpy dtype name, e.g. "float32", "bfloat16"
+    shape: list[int]
+    frames: int  # raw frames that follow for it (big arrays are chunked)
+
+
+class WeightsRequest(_Message, kw_only=True, tag="weights_request"):
+    """An actor asks for the newest weights; the answer is a WeightsPublished header with `tensors`
+    set, followed by the raw frames, or the header alone when `have_version` is already the newest."""
+
+    have_version: int = -1  # the version the actor holds (-1: none)
+
+
 class Control(_Message, kw_only=True, tag="control"):
     """The learner or controller tells actors to change settings or stop; None means unchanged."""
 
@@ -155,6 +188,7 @@ class Control(_Message, kw_only=True, tag="control"):
     concurrency: int | None = None  # new number of prompts an actor keeps in flight
     max_staleness: int | None = None  # new bound on policy versions between sampling and use
     stop: bool = False  # finish in-flight work and exit
+    reason: str = ""  # why (with stop: "finished", "hung: ..."), for the actor's log
 
     def validate(self) -> None:
         """Raises InvalidMessage if a given setting is out of range."""
@@ -164,5 +198,103 @@ class Control(_Message, kw_only=True, tag="control"):
                 raise InvalidMessage(f"Control.{field}: must be >= {lowest}, got {value}")
 
 
-Message = RolloutGroup | WeightsPublished | Control
-MESSAGE_TYPES: tuple[type, ...] = (RolloutGroup, WeightsPublished, Control)
+# -- the dispatcher protocol (protocols/dispatch.py): actors ask for work, the learner grants it ----
+def _check_nonempty(name: str, **fields: str) -> None:
+    for field, value in fields.items():
+        if not value:
+            raise InvalidMessage(f"{name}.{field}: must be non-empty")
+
+
+def _check_at_least(name: str, lowest: int, **fields: int) -> None:
+    for field, value in fields.items():
+        if value < lowest:
+            raise InvalidMessage(f"{name}.{field}: must be >= {lowest}, got {value}")
+
+
+class Hello(_Message, kw_only=True, tag="hello"):
+    """An actor joins (or rejoins) the dispatcher; the answer is a Welcome."""
+
+    actor_id: str  # stable name, unique among live actors (a restarted process reuses its own)
+    capacity: int  # prompts the actor generates in one engine call
+    host: str = ""
+    pid: int = 0
+
+    def validate(self) -> None:
+        _check_nonempty("Hello", actor_id=self.actor_id)
+        _check_at_least("Hello", 1, capacity=self.capacity)
+
+
+class Welcome(_Message, kw_only=True, tag="welcome"):
+    """The dispatcher accepts an actor: what it needs to build its task, model and engine."""
+
+    session: str  # this learner incarnation; a new one after every learner (re)start
+    config: dict  # the run's resolved config tree (launch.config_loader.to_dict)
+    weights_endpoint: str  # where to fetch weights ("" = in the learner's process)
+    version: int  # newest policy version now
+    heartbeat_seconds: float  # how often each side sends a Heartbeat
+    concurrency: int  # prompts per engine call the controller wants now
+
+    def validate(self) -> None:
+        _check_nonempty("Welcome", session=self.session)
+        _check_at_least("Welcome", 0, version=self.version)
+        _check_at_least("Welcome", 1, concurrency=self.concurrency)
+
+
+class WorkRequest(_Message, kw_only=True, tag="work_request"):
+    """An actor has room for `capacity` more prompts."""
+
+    actor_id: str
+    capacity: int
+
+    def validate(self) -> None:
+        _check_at_least("WorkRequest", 1, capacity=self.capacity)
+
+
+class Grant(_Message, kw_only=True, tag="grant"):
+    """Prompts the dispatcher admitted for one actor: generate with weights of at least `version`."""
+
+    grant_id: str  # the groups that answer it carry this id
+    prompt_indices: list[int]  # stream indices (the task builds prompt i from its own seed and i)
+    prompt_ids: list[str]  # the matching prompt ids, checked by the actor against its task
+    version: int  # newest policy version at admission: generate with this one or newer
+    min_version: int  # oldest version the learner will still accept for these samples
+
+    def validate(self) -> None:
+        _check_nonempty("Grant", grant_id=self.grant_id, prompt_indices=self.prompt_indices)
+        if len(self.prompt_indices) != len(self.prompt_ids):
+            raise InvalidMessage(f"Grant.prompt_ids: has {len(self.prompt_ids)} ids for "
+                                 f"{len(self.prompt_indices)} prompt_indices")
+        _check_at_least("Grant", 0, version=self.version)
+
+
+class Heartbeat(_Message, kw_only=True, tag="heartbeat"):
+    """Either side is alive. An actor also says what it is doing (for liveness and metrics)."""
+
+    sender: str  # actor_id, or "learner"
+    session: str = ""  # the learner's session as the sender knows it ("" before a Welcome)
+    version: int = 0  # learner: newest version; actor: the version of the weights it holds
+    phase: str = ""  # actor: idle | weights | generating | scoring | sending
+    phase_seconds: float = 0.0  # actor: how long it has been in that phase
+    generate_seconds: float = 0.0  # actor: cumulative time inside engine calls
+
+
+class Goodbye(_Message, kw_only=True, tag="goodbye"):
+    """An actor leaves: its prompts still in flight go back to the stream."""
+
+    actor_id: str
+    reason: str = ""
+    error: bool = False  # it is leaving because it failed (reason holds the exception)
+
+
+class Reset(_Message, kw_only=True, tag="reset"):
+    """The dispatcher does not know the sender (e.g. the learner restarted): drop any work from an
+    older session and say Hello again."""
+
+    session: str
+    reason: str = ""
+
+
+Message = RolloutGroup | WeightsPublished | WeightsRequest | Control | Hello | Welcome | WorkRequest \
+    | Grant | Heartbeat | Goodbye | Reset
+MESSAGE_TYPES: tuple[type, ...] = (RolloutGroup, WeightsPublished, WeightsRequest, Control, Hello, Welcome,
+                                   WorkRequest, Grant, Heartbeat, Goodbye, Reset)

@@ -31,6 +31,9 @@ class InProcessWeights:
         if self._on_publish is not None:
             self._on_publish(version)
 
+    def ensure(self, version: int) -> None:
+        """The actor needs at least `version`: in one process the newest is always at hand."""
+
     def latest(self) -> tuple[Any, int]:
         with self._lock:
             return self._params, self._version

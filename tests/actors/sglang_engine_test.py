@@ -22,14 +22,12 @@ from actors.sglang.checkpoint import export_for_server
 from actors.sglang.client import completion_request
 from actors.sglang.engine import GenerationAborted, SGLangEngine, SGLangError
 from actors.sglang.testing import SKIP_REASON, sglang_python, tiny_server_model
-from actors.tasks.base import make_task
+from actors.tasks.registry import make_task
 from actors.tasks.config import TaskConfig
 from learner.algorithms.logprobs import token_logprobs_and_entropy
 from learner.models.hf_export import hf_tensors
 from learner.models.llama import forward, init_params
-from protocols.admission import AdmissionGate
 from protocols.ledger import SampleLedger
-from protocols.transport import InProcessTransport
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang,
               pytest.mark.skipif(not sglang_python(), reason=SKIP_REASON)]
@@ -219,7 +217,6 @@ def test_weight_change_in_restart_mode_labels_each_row_with_its_version(engine, 
 def test_server_killed_mid_run_is_restarted_and_nothing_is_lost(engine, model):
     task = make_task(TaskConfig(name="sort", num_digits=4, heldout_size=8))
     stream, ledger = PromptStream(task), SampleLedger()
-    gate = AdmissionGate(batch_size=64, max_staleness=100)
     served = engine.served_version
 
     class Weights:  # what the actor reads: the version the server already holds
@@ -228,8 +225,7 @@ def test_server_killed_mid_run_is_restarted_and_nothing_is_lost(engine, model):
         def latest(self):
             return model[2][served], served
 
-    actor = Actor("actor-0", engine, task, stream, gate, Weights(), InProcessTransport(), group_size=4,
-                  prompts_per_call=12, seed=0, ledger=ledger)
+    actor = Actor("actor-0", engine, task, None, Weights(), group_size=4, prompts_per_call=12, seed=0)
     prompts = stream.take(12)
     ledger.issue(prompts)
     starts, unavailable = engine.servers[0].process.starts, engine.stats.unavailable

@@ -72,3 +72,15 @@ def test_failed_save_names_the_step_and_keeps_earlier_checkpoints(tmp_path, monk
     step, arrays, _ = ck.restore_latest(tree(0))
     assert step == 1 and same(arrays, tree(1))
     ck.close()
+
+
+def test_saving_a_step_that_exists_keeps_it_unless_the_run_finished(tmp_path):
+    """A SIGTERM right after a periodic save asks for a final save of the same step."""
+    ck = Checkpointer(str(tmp_path / "c"), CheckpointConfig(async_save=False))
+    arrays = {"w": np.arange(3.0)}
+    ck.save(4, arrays, {"finished": False, "tag": "periodic"})
+    ck.save(4, arrays, {"finished": False, "tag": "preempted"})  # used to raise StepAlreadyExistsError
+    assert ck.restore_latest(arrays)[2]["tag"] == "periodic"
+    ck.save(4, arrays, {"finished": True, "tag": "final"})
+    assert ck.restore_latest(arrays)[2]["tag"] == "final" and ck.steps() == [4]
+    ck.close()

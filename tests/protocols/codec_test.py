@@ -188,7 +188,8 @@ def test_unknown_message_type_is_foreign_and_lists_known_ones():
         decode(envelope({"type": "gradient", "values": [1.0]}))
     assert str(info.value) == (
         "foreign message: unknown message type 'gradient' "
-        "(known: rollout_group, weights_published, control)"
+        "(known: rollout_group, weights_published, weights_request, control, hello, welcome, "
+        "work_request, grant, heartbeat, goodbye, reset)"
     )
 
 

@@ -72,3 +72,52 @@ def test_state_dict_round_trip_keeps_queued_groups_and_is_a_copy():
     pending = sorted(back.in_flight.values())
     back.in_flight.clear()
     assert back.verify(4, pending)["queued"] == 1
+
+
+def test_settled_prompts_compact_into_a_watermark_and_counts_stay_exact():
+    led = SampleLedger(recent=8)
+    led.warmup(3)
+    n = 1000
+    led.issue(prompts(3, n))
+    for i in range(3, n - 2):  # the last two stay in flight
+        led.queue(group(i))
+        if i % 10 == 0:
+            led.drop(group(i), "stale")
+        elif i < n - 5:  # three stay queued
+            led.consume(group(i), i)
+    counts = led.verify(n)
+    assert counts["consumed"] == sum(1 for i in range(3, n - 5) if i % 10) and counts["queued"] == 3
+    assert counts["dropped_by_reason"] == {"stale": sum(1 for i in range(3, n - 2) if i % 10 == 0)}
+    assert counts["in_flight"] == 2
+    state = led.state_dict()
+    # bounded: the recent settled prompts plus the queued and in-flight ones, not every prompt ever
+    assert len(state["index_of"]) <= 8 + 3 + 2 and state["watermark"] > n - 20
+    back = SampleLedger.from_state_dict(state, recent=8)
+    assert back.verify(n) == counts
+    with pytest.raises(LedgerError, match="issued twice"):
+        back.issue(prompts(5, 6))  # below the watermark: settled long ago
+
+
+def test_a_checkpoint_that_listed_every_settled_prompt_compacts_on_load():
+    led = SampleLedger(recent=10_000)
+    led.issue(prompts(0, 300))
+    for i in range(300):
+        led.queue(group(i))
+        led.consume(group(i), 1)
+    old = led.state_dict()
+    del old["watermark"], old["settled_consumed"], old["settled_dropped"]  # the format before compaction
+    back = SampleLedger.from_state_dict(old, recent=16)
+    assert back.watermark == 300 - 16 and back.verify(300)["consumed"] == 300
+
+
+def test_release_returns_an_actors_prompts_for_reissue():
+    led = SampleLedger()
+    led.issue(prompts(0, 4))
+    assert led.release(["t/train/1", "t/train/3"]) == [1, 3]
+    assert led.verify(4, pending_reissue=[1, 3])["in_flight"] == 2
+    with pytest.raises(LedgerError, match="unaccounted"):
+        led.verify(4)  # released without being re-issued: lost
+    with pytest.raises(LedgerError, match="released but was not in flight"):
+        led.release(["t/train/1"])
+    led.issue(prompts(1, 2))  # handed out again
+    assert led.verify(4, pending_reissue=[3])["in_flight"] == 3

@@ -6,12 +6,21 @@ import msgspec
 import pytest
 
 from protocols.errors import InvalidMessage, ProtocolError
+from protocols.codec import decode, encode
 from protocols.messages import (
     MESSAGE_TYPES,
     Control,
     EngineTimings,
+    Goodbye,
+    Grant,
+    Heartbeat,
+    Hello,
+    Reset,
     RolloutGroup,
     WeightsPublished,
+    WeightsRequest,
+    Welcome,
+    WorkRequest,
 )
 
 
@@ -159,7 +168,58 @@ def test_messages_are_frozen_and_keyword_only():
 
 def test_message_types_have_distinct_tags_in_the_type_field():
     examples = [make_group(), WeightsPublished(version=1, step=2, location="inproc", published_at=0.0),
-                Control(stop=True)]
+                WeightsRequest(have_version=3), Control(stop=True), Hello(actor_id="a", capacity=2),
+                Welcome(session="s", config={}, weights_endpoint="", version=0, heartbeat_seconds=1.0,
+                        concurrency=1),
+                WorkRequest(actor_id="a", capacity=1),
+                Grant(grant_id="g", prompt_indices=[4], prompt_ids=["t/train/4"], version=0, min_version=0),
+                Heartbeat(sender="a"), Goodbye(actor_id="a"), Reset(session="s")]
     assert [type(m) for m in examples] == list(MESSAGE_TYPES)
     tags = [msgspec.to_builtins(m)["type"] for m in examples]
-    assert tags == ["rollout_group", "weights_published", "control"]
+    assert tags == ["rollout_group", "weights_published", "weights_request", "control", "hello", "welcome",
+                    "work_request", "grant", "heartbeat", "goodbye", "reset"]
+    for m in examples:  # every kind survives the wire
+        assert decode(encode(m)) == m
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: Hello(actor_id="", capacity=1), "Hello.actor_id"),
+    (lambda: Hello(actor_id="a", capacity=0), "Hello.capacity"),
+    (lambda: Grant(grant_id="g", prompt_indices=[], prompt_ids=[], version=0, min_version=0), "Grant.prompt_indices"),
+    (lambda: Grant(grant_id="g", prompt_indices=[1, 2], prompt_ids=["x"], version=0, min_version=0),
+     "Grant.prompt_ids"),
+    (lambda: WorkRequest(actor_id="a", capacity=0), "WorkRequest.capacity"),
+])
+def test_dispatcher_messages_name_the_bad_field(make, field):
+    with pytest.raises(InvalidMessage, match=field):
+        make()
+
+
+def test_optional_task_fields_round_trip_and_are_checked():
+    from protocols.codec import decode, encode
+
+    group = make_group(policy_mask=[[True, True], [True, False, True]], reward_errors=["", "timeout"],
+                       task_metrics={"tool_use": [1.0, 0.0]})
+    back = decode(encode(group))
+    assert back.policy_mask == [[True, True], [True, False, True]]
+    assert back.reward_errors == ["", "timeout"] and back.task_metrics == {"tool_use": [1.0, 0.0]}
+    for overrides, expected in [
+        ({"policy_mask": [[True, True], [True]]}, r"policy_mask\[1\]: has 1 entries for 3 tokens"),
+        ({"policy_mask": [[True, True]]}, r"policy_mask: has 1 entries for 2 completions"),
+        ({"reward_errors": [""]}, r"reward_errors: has 1 entries"),
+        ({"task_metrics": {"x": [1.0]}}, r"task_metrics\['x'\]: has 1 entries"),
+        ({"task_metrics": {"x": [1.0, math.nan]}}, r"task_metrics\['x'\]: values must be finite"),
+    ]:
+        with pytest.raises(InvalidMessage, match=expected):
+            make_group(**overrides)
+
+
+def test_a_receiver_without_the_optional_fields_still_decodes_the_group():
+    """Optional fields need no schema bump: an older decoder ignores them."""
+    class OldGroup(msgspec.Struct, kw_only=True, tag="rollout_group", tag_field="type"):
+        prompt_id: str
+        rewards: list[float]
+
+    new = make_group(policy_mask=[[True, True], [True, False, True]], reward_errors=["", "error"])
+    old = msgspec.msgpack.decode(msgspec.msgpack.encode(new), type=OldGroup)
+    assert old.rewards == [1.0, 0.0]

@@ -1,0 +1,239 @@
+"""The generation side as the learner sees it: one dispatcher, a weight server, and the actors.
+
+    pipe = Pipeline(cfg, run_dir, task, stream, ledger, gate, weights, engine, restored_groups, progress)
+    pipe.start()                    # dispatcher thread; actor threads or processes; listener for more
+    loop = LearnerLoop(train_step, pipe.queue, gate, pipe, ...)   # pipe.publish(params, v) each step
+    ...
+    pipe.stop(deadline, finished)   # actors leave; prompts still in flight stay in the ledger
+
+Actors are threads in this process (`actors.processes=0`, the default) or processes started and
+restarted by launch/supervisor.py; either way they speak the dispatcher protocol
+(protocols/dispatch.py), threads over `inproc://`, processes over `actors.listen`. Anyone may join
+with `cadence actor --connect ENDPOINT` (the endpoint is in RUN_DIR/endpoint.json). The learner's
+queue is unbounded: backpressure (`actors.queue_size`) holds back grants instead, so restoring a
+checkpoint's queued groups never blocks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+
+import zmq
+
+from actors.actor_loop import Actor
+from launch.supervisor import ActorSupervisor
+from learner.loop import PipelineStopped
+from learner.models.named_arrays import ParamLayout
+from protocols.admission import AdmissionGate
+from protocols.dispatch import DispatchServer, Dispatcher, DispatchSettings
+from protocols.dispatch_client import DispatcherClient
+from protocols.ledger import SampleLedger
+from protocols.messages import Control
+from protocols.transport import InProcessTransport
+from protocols.weights import InProcessWeights
+from protocols.weights_wire import WeightServer
+from protocols.zmq_transport import CurveKeys, stop_authenticator
+
+ENDPOINT_FILE = "endpoint.json"
+
+
+class Pipeline:
+    def __init__(self, cfg, run_dir: str, task, stream, ledger: SampleLedger, gate: AdmissionGate,
+                 weights: InProcessWeights, engine, restored_groups, progress, config_dict: dict, scorer=None):
+        a = cfg.actors
+        self.cfg, self.run_dir, self.progress = a, run_dir, progress
+        self.weights, self.engine = weights, engine
+        self.queue = InProcessTransport()  # groups for the learner
+        for g in restored_groups:  # buffered trajectories, in their original order
+            self.queue.put(g)
+        self.ctx = zmq.Context()
+        self.keys = CurveKeys.load(a.keys_dir) if a.keys_dir else None
+        self._failures: list[str] = []  # fatal: a thread actor failed or hung (threads cannot be restarted)
+        self._thread_ids: set[str] = set()
+        self.supervisor: ActorSupervisor | None = None
+        listen, weights_listen = self._endpoints(a.listen)
+        self.weight_server = WeightServer(weights_listen, ctx=self.ctx, keys=self.keys, key_name="actors.keys_dir") \
+            if listen else None
+        if self.weight_server is not None:
+            params, version = weights.latest()
+            self.layout = ParamLayout(params)
+            self.weight_server.publish(version, lambda: self.layout.named(params))
+        settings = DispatchSettings(
+            group_size=cfg.learner.group_size, heartbeat_seconds=a.heartbeat_seconds,
+            heartbeat_timeout_seconds=a.heartbeat_timeout_seconds,
+            liveness_timeout_seconds=a.liveness_timeout_seconds, queue_size=a.queue_size,
+            concurrency=a.prompts_per_call, config=config_dict,
+            weights_endpoint=self.weight_server.endpoint if self.weight_server else "")
+        core = Dispatcher(stream, ledger, gate, settings, deliver=self.queue.put, version_fn=lambda: weights.version,
+                          on_actor_gone=self._gone, on_hung=self._hung)
+        self.server = DispatchServer(core, ctx=self.ctx, external=listen, keys=self.keys,
+                                     max_bytes=int(a.max_message_mb * (1 << 20)))
+        gate.on_change = self.server.wake
+        self.endpoint = self.server.endpoint
+        if self.endpoint:
+            with open(os.path.join(run_dir, ENDPOINT_FILE), "w") as f:
+                json.dump({"dispatch": self.endpoint, "weights": settings.weights_endpoint, "pid": os.getpid(),
+                           "curve": bool(self.keys)}, f)
+        self.stop_event = threading.Event()
+        self._stopped = False
+        self.actors: list[Actor] = []
+        self._threads: list[threading.Thread] = []
+        n_threads = 0 if a.processes else a.num_actors
+        for i in range(n_threads):
+            actor_id = f"actor-{i}"
+            client = DispatcherClient(self.server.inproc, actor_id, a.prompts_per_call, ctx=self.ctx,
+                                      max_bytes=int(a.max_message_mb * (1 << 20)), heartbeat_seconds=a.heartbeat_seconds,
+                                      learner_timeout_seconds=a.heartbeat_timeout_seconds)
+            self.actors.append(Actor(actor_id, engine, task, client, weights, cfg.learner.group_size,
+                                     a.prompts_per_call, a.seed, scorer=scorer))
+            self._thread_ids.add(actor_id)
+        if a.processes:
+            self.supervisor = ActorSupervisor(a.processes, self.endpoint, run_dir, keys_dir=a.keys_dir,
+                                              backoff=a.restart_backoff_seconds, on_exit=self._process_exited,
+                                              message=progress.message)
+
+    def _endpoints(self, listen: str) -> tuple[str, str]:
+        """Where to listen: a resume keeps the ports it had, so actors outside reconnect."""
+        if not listen:
+            return "", ""
+        host = listen.rsplit(":", 1)[0]
+        weights = f"{host}:0" if listen.startswith("tcp://") else listen + ".weights"
+        saved = os.path.join(self.run_dir, ENDPOINT_FILE)
+        if listen.startswith("tcp://") and listen.endswith(":0") and os.path.isfile(saved):
+            with open(saved) as f:
+                old = json.load(f)
+            if old.get("dispatch", "").rsplit(":", 1)[0] == host and _port_free(old["dispatch"]) \
+                    and _port_free(old.get("weights", "")):
+                return old["dispatch"], old.get("weights") or weights
+            warnings.warn(f"actors.listen: the ports this run had ({old.get('dispatch')}) are taken; actors "
+                          "started outside must reconnect to the new endpoint in " + saved, stacklevel=2)
+        return listen, weights
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "Pipeline":
+        if self.weight_server is not None:
+            self.weight_server.start()
+        self.server.start()
+        for actor in self.actors:
+            actor.client.start()
+            t = threading.Thread(target=self._run_thread, args=(actor,), name=actor.actor_id, daemon=True)
+            t.start()
+            self._threads.append(t)
+        if self.supervisor is not None:
+            self.supervisor.start()
+        return self
+
+    def _run_thread(self, actor: Actor) -> None:
+        try:
+            actor.run(self.stop_event)
+        except BaseException:  # kept in actor.error; health() raises it on the learner's thread
+            pass
+
+    def stop(self, deadline: float, finished: bool) -> None:
+        """Actors leave (their prompts in flight stay in the ledger, re-issued on resume). A finished
+        run tells actors outside this process to exit; a preempted one leaves them waiting for the
+        resume. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if finished:
+            self.server.call(lambda core: core.control_all(Control(stop=True, reason="finished")))
+            time.sleep(min(0.2, _left(deadline)))  # let the word go out before the sockets close
+        self.stop_event.set()
+        for t in self._threads:
+            t.join(_left(deadline))
+        if self.supervisor is not None:
+            self.supervisor.stop(_left(deadline))
+        for actor in self.actors:
+            actor.client.close(timeout=min(0.5, _left(deadline)))
+        self.server.stop(min(2.0, _left(deadline)))
+        if self.weight_server is not None:
+            self.weight_server.stop(min(2.0, _left(deadline)))
+        stop_authenticator(self.ctx)
+        self.ctx.destroy(linger=0)
+
+    def abort(self) -> None:
+        """On a stop signal: cut in-flight generation short (SGLang requests) instead of finishing it."""
+        abort = getattr(self.engine, "abort", None)
+        if abort is not None:
+            abort()
+
+    # -- what the learner loop calls ------------------------------------------------------------
+    def publish(self, params, version: int) -> None:
+        if self.weight_server is not None:  # first: the dispatcher may grant `version` right after
+            self.weight_server.publish(version, lambda: self.layout.named(params))
+        self.weights.publish(params, version)
+        self.server.wake()
+
+    @property
+    def version(self) -> int:
+        return self.weights.version
+
+    def set_concurrency(self, c: int) -> None:
+        self.server.call(lambda core: core.control_all(Control(concurrency=int(c))))
+        for actor in self.actors:
+            actor.set_concurrency(c)
+
+    @property
+    def concurrency(self) -> int:
+        return self.server.core.concurrency
+
+    def health(self) -> None:
+        """Raise PipelineStopped naming the actor and its own error if the generation side failed."""
+        for a in self.actors:
+            if a.error is not None:
+                raise PipelineStopped(f"{a.actor_id} failed: {type(a.error).__name__}: {a.error}") from a.error
+        if self._failures:
+            raise PipelineStopped(self._failures[0])
+        if self.server.error is not None:
+            raise PipelineStopped(f"dispatcher failed: {self.server.error!r}") from self.server.error
+
+    def metrics(self) -> dict:
+        out = self.server.metrics()
+        with self.server.lock:
+            totals = self.server.core.totals()
+        out["actors/samples_received"] = totals.get("samples", 0)
+        out["actors/generate_seconds"] = totals.get("generate_seconds", 0.0)
+        out["actors/tokens_received"] = totals.get("tokens", 0)
+        out["actors/concurrency"] = self.concurrency
+        if self.supervisor is not None:
+            out["actors/restarts"] = self.supervisor.restarts
+        return out
+
+    # -- callbacks from the dispatcher and the supervisor ---------------------------------------
+    def _gone(self, actor_id: str, reason: str, error: bool) -> None:
+        if self.stop_event.is_set() or (actor_id in self._thread_ids and error):
+            return  # stopping anyway; or a failed thread, whose own exception health() raises
+        self.progress.message(f"{actor_id}: gone ({reason})")
+
+    def _hung(self, actor_id: str, detail: str) -> None:
+        self.progress.message(detail)
+        if actor_id in self._thread_ids:
+            self._failures.append(detail)  # a thread cannot be killed: the run stops, naming it
+        elif self.supervisor is not None and self.supervisor.pid(actor_id) is not None:
+            self.supervisor.kill(actor_id)  # restarted like any dead process
+
+    def _process_exited(self, actor_id: str, reason: str) -> None:
+        self.server.call(lambda core: core.expel(actor_id, reason, error=True) or [])
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.05)
+
+
+def _port_free(endpoint: str) -> bool:
+    import socket
+
+    if not endpoint.startswith("tcp://"):
+        return bool(endpoint)
+    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+    with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds: TIME_WAIT is no obstacle
+        try:
+            s.bind((host.strip("[]"), int(port)))
+            return True
+        except OSError:
+            return False

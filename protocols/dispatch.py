@@ -1,0 +1,443 @@
+"""The dispatcher: the one owner of prompt state on the learner side.
+
+    core = Dispatcher(stream, ledger, gate, settings, deliver=transport.put, version_fn=...)
+    server = DispatchServer(core, external="tcp://127.0.0.1:0")   # plus an inproc endpoint
+    server.start()      # a thread: ROUTER sockets <-> core.handle / core.tick
+
+Actors (threads in this process over `inproc://`, or processes anywhere over `tcp://`, the same
+protocol either way) speak to it like this:
+
+    actor                         dispatcher
+    Hello(id, capacity)     ->                     register; in-flight prompts of an older
+                            <-    Welcome          incarnation with the same id are re-issued
+    WorkRequest(n)          ->                     admit up to n prompt groups (staleness bound,
+                            <-    Grant(ids, v)    counted in samples) when the gate allows
+    RolloutGroup(grant_id)  ->                     ledger: in_flight -> queued; to the learner
+    Heartbeat (both ways, every heartbeat_seconds; the actor's says what it is doing)
+    Goodbye                 ->                     its in-flight prompts go back to the stream
+
+An actor silent for heartbeat_timeout_seconds, or stuck in one phase with prompts in flight for
+liveness_timeout_seconds, is declared gone: its prompts go back to the stream (re-issued first)
+and their admission credits are returned. A group that answers no live grant (a late answer from
+an actor declared gone, or from before a learner restart) is dropped and counted, so no prompt
+is consumed twice. Messages from peers the dispatcher does not know get a Reset: say Hello again.
+
+`Dispatcher` is pure bookkeeping (no sockets, no threads of its own; the server calls it under its
+lock). protocols/dispatch_client.py is the actor's side.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import queue
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any, Callable
+
+import zmq
+
+from protocols.admission import AdmissionGate
+from protocols.codec import Codec
+from protocols.errors import ProtocolError
+from protocols.ledger import SampleLedger
+from protocols.messages import (
+    Control,
+    Goodbye,
+    Grant,
+    Heartbeat,
+    Hello,
+    Reset,
+    RolloutGroup,
+    Welcome,
+    WorkRequest,
+)
+from protocols.zmq_transport import CurveKeys, bound_endpoint, server_socket
+
+Peer = tuple[int, bytes]  # (socket index, ZeroMQ routing id)
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchSettings:
+    group_size: int
+    heartbeat_seconds: float = 1.0
+    heartbeat_timeout_seconds: float = 10.0  # silence after which an actor is gone
+    liveness_timeout_seconds: float = 600.0  # one phase this long with prompts in flight: hung
+    queue_size: int = 0  # no new grants while this many groups wait for the learner (0 = no bound)
+    concurrency: int = 16  # prompts per engine call, told to actors (the controller may change it)
+    config: dict = dataclasses.field(default_factory=dict)  # the run's config, for actor processes
+    weights_endpoint: str = ""
+
+
+@dataclasses.dataclass
+class ActorRecord:
+    """What the dispatcher knows of one live actor."""
+
+    actor_id: str
+    peer: Peer
+    capacity: int
+    host: str
+    pid: int
+    joined_at: float
+    last_seen: float
+    phase: str = "idle"
+    phase_since: float = 0.0
+    wanted: int = 0  # prompts asked for and not granted yet
+    grants: dict[str, set[str]] = dataclasses.field(default_factory=dict)  # grant_id -> prompt ids out
+    version: int = -1  # weights version the actor holds
+    samples: int = 0
+    tokens: int = 0
+    groups: int = 0
+    generate_seconds: float = 0.0  # engine time of the groups received
+    rate_mark: tuple[float, int] = (0.0, 0)  # (time, samples) at the last metrics read
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(ids) for ids in self.grants.values())
+
+
+class Dispatcher:
+    """Prompt grants, the ledger's actor-side transitions, and actor liveness (see module doc).
+
+    Args:
+      stream: hands out prompts (`take(n)` -> objects with .prompt_id and .index; `reissue(indices)`).
+      ledger, gate: the run's SampleLedger and AdmissionGate (shared with the learner loop).
+      settings: DispatchSettings.
+      deliver: called with each accepted RolloutGroup (the learner's queue; must not block).
+      version_fn: the newest policy version.
+      on_actor_gone(actor_id, reason, error): told when an actor is declared gone or leaves.
+      on_hung(actor_id, detail): told when an actor is stuck (the wiring decides: kill a process,
+        fail a thread).
+    """
+
+    def __init__(self, stream, ledger: SampleLedger, gate: AdmissionGate, settings: DispatchSettings,
+                 deliver: Callable[[RolloutGroup], None], version_fn: Callable[[], int],
+                 on_actor_gone: Callable[[str, str, bool], None] | None = None,
+                 on_hung: Callable[[str, str], None] | None = None, session: str | None = None):
+        self.stream, self.ledger, self.gate, self.settings = stream, ledger, gate, settings
+        self.deliver, self.version_fn = deliver, version_fn
+        self.on_actor_gone = on_actor_gone or (lambda actor_id, reason, error: None)
+        self.on_hung = on_hung or (lambda actor_id, detail: None)
+        self.session = session or uuid.uuid4().hex[:12]
+        self.concurrency = settings.concurrency
+        self.actors: dict[str, ActorRecord] = {}
+        self.by_peer: dict[Peer, str] = {}
+        self._grant_ids = itertools.count()
+        self.counts: Counter = Counter()  # joined, gone/<reason>, reissued, late_groups, resets
+        self.retired = Counter()  # samples/tokens/groups of actors no longer live
+        self._last_heartbeat = 0.0
+
+    # -- messages -------------------------------------------------------------------------------
+    def handle(self, peer: Peer, msg: Any, now: float) -> list[tuple[Peer, Any]]:
+        """Applies one message from `peer`; returns the messages to send."""
+        if isinstance(msg, Hello):
+            return self._hello(peer, msg, now)
+        rec = self.actors.get(self.by_peer.get(peer, ""))
+        if rec is None:  # a peer from before a restart, or declared gone: it must start over
+            if isinstance(msg, RolloutGroup):
+                self.counts["late_groups"] += 1
+            if isinstance(msg, Goodbye):
+                return []
+            self.counts["resets"] += 1
+            return [(peer, Reset(session=self.session, reason="unknown actor: say hello"))]
+        rec.last_seen = now
+        if isinstance(msg, WorkRequest):
+            rec.wanted = msg.capacity
+            return self._grant(rec)
+        if isinstance(msg, RolloutGroup):
+            return self._group(rec, msg)
+        if isinstance(msg, Heartbeat):
+            if msg.phase != rec.phase:
+                rec.phase, rec.phase_since = msg.phase, now - msg.phase_seconds
+            rec.version = msg.version
+            return []
+        if isinstance(msg, Goodbye):
+            self._expel(rec, f"left: {msg.reason}" if msg.reason else "left", msg.error)
+            return []
+        self.counts["unexpected/" + type(msg).__name__] += 1
+        return []
+
+    def _hello(self, peer: Peer, msg: Hello, now: float) -> list[tuple[Peer, Any]]:
+        old = self.actors.get(msg.actor_id)
+        if old is not None and old.peer == peer:  # a repeated Hello (sent before our Welcome arrived)
+            return [(peer, self._welcome())]
+        if old is not None:  # a restarted process, or a reconnect: its old work is gone
+            self._expel(old, "rejoined", False)
+        stale_id = self.by_peer.get(peer)
+        if stale_id is not None and stale_id in self.actors:
+            self._expel(self.actors[stale_id], "rejoined under a new id", False)
+        self.actors[msg.actor_id] = ActorRecord(msg.actor_id, peer, msg.capacity, msg.host, msg.pid,
+                                                joined_at=now, last_seen=now, phase_since=now,
+                                                rate_mark=(now, 0))
+        self.by_peer[peer] = msg.actor_id
+        self.counts["joined"] += 1
+        return [(peer, self._welcome())]
+
+    def _welcome(self) -> Welcome:
+        s = self.settings
+        return Welcome(session=self.session, config=s.config, weights_endpoint=s.weights_endpoint,
+                       version=self.version_fn(), heartbeat_seconds=s.heartbeat_seconds,
+                       concurrency=self.concurrency)
+
+    def _group(self, rec: ActorRecord, group: RolloutGroup) -> list[tuple[Peer, Any]]:
+        ids = rec.grants.get(group.grant_id)
+        if ids is None or group.prompt_id not in ids:
+            self.counts["late_groups"] += 1
+            return []
+        ids.discard(group.prompt_id)
+        if not ids:
+            del rec.grants[group.grant_id]
+        if group.policy_version > self.version_fn():  # weights from a timeline a resume rolled back
+            self.counts["future_version"] += 1
+            with self.ledger.lock:
+                self.stream.reissue(self.ledger.release([group.prompt_id]))
+            self.gate.cancel(self.settings.group_size)
+            return []
+        self.ledger.queue(group)
+        rec.groups += 1
+        rec.samples += len(group.rewards)
+        rec.tokens += group.timings.num_tokens
+        rec.generate_seconds += group.timings.generate_seconds  # the engine call's time, shared by its groups
+        self.deliver(group)
+        return []
+
+    # -- grants ---------------------------------------------------------------------------------
+    def _grant(self, rec: ActorRecord) -> list[tuple[Peer, Any]]:
+        if rec.wanted <= 0:
+            return []
+        if self.settings.queue_size and len(self.ledger.queued) >= self.settings.queue_size:
+            return []  # backpressure: the learner is behind; granted again once it takes a batch
+        G = self.settings.group_size
+        version = self.version_fn()
+        n = 0
+        while n < rec.wanted and self.gate.try_admit(G, version):
+            n += 1
+        if n == 0:
+            return []
+        with self.ledger.lock:  # a checkpoint snapshot sees stream and ledger agree
+            prompts = self.stream.take(n)
+            self.ledger.issue(prompts)
+        grant_id = f"{self.session}-{next(self._grant_ids)}"
+        rec.grants[grant_id] = {p.prompt_id for p in prompts}
+        rec.wanted = 0
+        oldest = self.gate.consuming_step(0) - self.gate.max_staleness
+        return [(rec.peer, Grant(grant_id=grant_id, prompt_indices=[p.index for p in prompts],
+                                 prompt_ids=[p.prompt_id for p in prompts], version=version,
+                                 min_version=max(0, min(oldest, version))))]
+
+    def regrant(self) -> list[tuple[Peer, Any]]:
+        """Retry waiting requests (call when the gate moved: a batch taken, a version published)."""
+        out = []
+        for rec in sorted(self.actors.values(), key=lambda r: r.last_seen):
+            out += self._grant(rec)
+        return out
+
+    # -- liveness -------------------------------------------------------------------------------
+    def tick(self, now: float) -> list[tuple[Peer, Any]]:
+        """Heartbeats out, silent and hung actors declared gone, waiting requests retried."""
+        s = self.settings
+        out: list[tuple[Peer, Any]] = []
+        for rec in list(self.actors.values()):
+            silent = now - rec.last_seen
+            if silent > s.heartbeat_timeout_seconds:
+                self._expel(rec, f"no heartbeat for {silent:.1f} s", False)
+                continue
+            stuck = now - rec.phase_since
+            if rec.grants and stuck > s.liveness_timeout_seconds:
+                detail = (f"actor {rec.actor_id} made no progress for {stuck:.0f} s while {rec.phase or 'busy'} "
+                          f"({rec.in_flight} prompts in flight, e.g. {_first(rec.grants)}; "
+                          f"actors.liveness_timeout_seconds={s.liveness_timeout_seconds:g})")
+                self._expel(rec, "hung", True)
+                out.append((rec.peer, Control(stop=True, reason=detail)))
+                self.on_hung(rec.actor_id, detail)
+        if now - self._last_heartbeat >= s.heartbeat_seconds:
+            self._last_heartbeat = now
+            beat = Heartbeat(sender="learner", session=self.session, version=self.version_fn())
+            out += [(rec.peer, beat) for rec in self.actors.values()]
+        return out + self.regrant()
+
+    def expel(self, actor_id: str, reason: str, error: bool = False) -> None:
+        """Declare an actor gone from outside (e.g. its process exited); no-op if unknown."""
+        rec = self.actors.get(actor_id)
+        if rec is not None:
+            self._expel(rec, reason, error)
+
+    def _expel(self, rec: ActorRecord, reason: str, error: bool) -> None:
+        ids = [pid for grant in rec.grants.values() for pid in grant]
+        if ids:
+            with self.ledger.lock:
+                self.stream.reissue(self.ledger.release(ids))
+            self.gate.cancel(self.settings.group_size * len(ids))
+            self.counts["reissued"] += len(ids)
+        rec.grants.clear()
+        del self.actors[rec.actor_id]
+        self.by_peer.pop(rec.peer, None)
+        self.retired.update(samples=rec.samples, tokens=rec.tokens, groups=rec.groups,
+                            generate_seconds=rec.generate_seconds)
+        self.counts["gone"] += 1
+        self.on_actor_gone(rec.actor_id, reason, error)
+
+    def control_all(self, msg: Control) -> list[tuple[Peer, Any]]:
+        if msg.concurrency is not None:
+            self.concurrency = msg.concurrency
+        return [(rec.peer, msg) for rec in self.actors.values()]
+
+    # -- metrics --------------------------------------------------------------------------------
+    def totals(self) -> dict:
+        live = Counter()
+        for rec in self.actors.values():
+            live.update(samples=rec.samples, tokens=rec.tokens, groups=rec.groups,
+                        generate_seconds=rec.generate_seconds)
+        return dict(self.retired + live)
+
+    def metrics(self, now: float) -> dict:
+        """actors/* for the run's metrics: alive, re-issued, late groups, and per actor: samples/s,
+        prompts in flight, heartbeat age, version lag, phase."""
+        version = self.version_fn()
+        out = {"actors/alive": len(self.actors), "actors/reissued": self.counts["reissued"],
+               "actors/late_groups": self.counts["late_groups"], "actors/gone": self.counts["gone"],
+               "actors/joined": self.counts["joined"]}
+        for rec in self.actors.values():
+            t0, s0 = rec.rate_mark
+            key = f"actor/{rec.actor_id}"
+            out[f"{key}/samples_per_second"] = (rec.samples - s0) / max(now - t0, 1e-9)
+            out[f"{key}/in_flight"] = rec.in_flight
+            out[f"{key}/heartbeat_age"] = now - rec.last_seen
+            out[f"{key}/version_lag"] = version - rec.version if rec.version >= 0 else None
+            rec.rate_mark = (now, rec.samples)
+        return out
+
+
+def _first(grants: dict[str, set[str]]) -> str:
+    for ids in grants.values():
+        for pid in sorted(ids):
+            return pid
+    return "-"
+
+
+class DispatchServer:
+    """Runs a Dispatcher on a thread: an inproc ROUTER for actor threads, and optionally an external
+    one (tcp/ipc) for actor processes. Other threads reach the core through `call(fn)` (run on the
+    server thread) and `wake()` (re-check waiting requests now).
+
+    Bad bytes from a peer (malformed, foreign, another schema version, too large) are counted by
+    kind in `bad_messages` and dropped; the server keeps running.
+    """
+
+    def __init__(self, core: Dispatcher, *, ctx: zmq.Context, external: str = "", keys: CurveKeys | None = None,
+                 max_bytes: int = 64 << 20, key_name: str = "actors.keys_dir"):
+        self.core = core
+        self.ctx = ctx
+        self.codec = Codec(max_bytes)
+        self.inproc = f"inproc://cadence-dispatch-{core.session}"
+        self.lock = threading.RLock()  # the core is touched by the server thread and metrics readers
+        slack = max_bytes + (1 << 20)  # ZeroMQ cuts only the grossly oversized; the codec counts the rest
+        self._sockets = [server_socket(ctx, zmq.ROUTER, self.inproc, keys=None, max_bytes=slack)]
+        self.endpoint = ""
+        if external:
+            self._sockets.append(server_socket(ctx, zmq.ROUTER, external, keys=keys, max_bytes=slack,
+                                               key_name=key_name))
+            self.endpoint = bound_endpoint(self._sockets[1])
+        self.bad_messages: Counter = Counter()
+        self.last_error = ""
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dispatcher", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> "DispatchServer":
+        self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        """Thread-safe and cheap: the server re-checks waiting requests at once."""
+        if self._stop.is_set():
+            return
+        try:
+            os.write(self._wake_w, b"w")
+        except BlockingIOError:  # the pipe is full: a wake-up is pending anyway
+            pass
+
+    def call(self, fn: Callable[[Dispatcher], list]) -> None:
+        """Run fn(core) on the server thread; the messages it returns are sent."""
+        self._calls.put(fn)
+        self.wake()
+
+    def metrics(self) -> dict:
+        with self.lock:
+            out = self.core.metrics(time.monotonic())
+        out["actors/bad_messages"] = sum(self.bad_messages.values())
+        return out
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and close the sockets. Idempotent."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.wake()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        for s in self._sockets:
+            s.close(0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # -- the thread -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for s in self._sockets:
+            poller.register(s, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        tick_every = min(0.05, self.core.settings.heartbeat_seconds / 2)
+        next_tick = 0.0
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(timeout=max(1, int((next_tick - time.monotonic()) * 1000))))
+                out: list = []
+                with self.lock:
+                    for i, s in enumerate(self._sockets):
+                        if events.get(s):
+                            out += self._receive(i, s)
+                    if events.get(self._wake_r):
+                        os.read(self._wake_r, 4096)
+                        while not self._calls.empty():
+                            out += self._calls.get()(self.core) or []
+                        out += self.core.regrant()
+                    now = time.monotonic()
+                    if now >= next_tick:
+                        out += self.core.tick(now)
+                        next_tick = now + tick_every
+                self._send(out)
+        except BaseException as e:  # surfaced by the wiring's health check
+            self.error = e
+            raise
+
+    def _receive(self, index: int, sock: zmq.Socket) -> list:
+        out = []
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return out
+            if len(frames) != 2:
+                self.bad_messages["frames"] += 1
+                continue
+            peer = (index, frames[0].bytes)
+            try:
+                msg = self.codec.decode(frames[1].buffer)
+            except ProtocolError as e:
+                self.bad_messages[type(e).__name__] += 1
+                self.last_error = str(e)
+                continue
+            out += self.core.handle(peer, msg, time.monotonic())
+
+    def _send(self, out: list) -> None:
+        for (index, routing_id), msg in out:
+            try:
+                self._sockets[index].send_multipart([routing_id, self.codec.encode(msg)], zmq.NOBLOCK)
+            except zmq.Again:  # that peer is not reading (gone, or far behind): heartbeats will tell
+                self.core.counts["send_dropped"] += 1

@@ -1,0 +1,254 @@
+"""The actor's side of the dispatcher protocol (protocols/dispatch.py).
+
+    client = DispatcherClient(endpoint, "actor-0", capacity=16, ctx=ctx).start()
+    welcome = client.wait_welcome(timeout=60)
+    while not stop.is_set():
+        grant = client.request(actor.prompts_per_call, stop)      # None: stopped or session reset
+        ...generate and score...
+        client.send_groups(groups, grant)                          # dropped if the session changed
+
+One I/O thread owns the DEALER socket: it sends what the worker queued, answers with Hello until
+welcomed, sends a Heartbeat every heartbeat_seconds whatever the worker is doing (with the phase it
+reported via `phase()`), and watches the learner: silence for learner_timeout_seconds or a Reset
+means the learner restarted or forgot us, so the client says Hello again, and work granted under
+the old session is abandoned (the new learner re-issues those prompts itself from its checkpoint).
+A Control(stop) from the learner sets `stop_reason` (the actor then exits).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import socket
+import threading
+import time
+
+import zmq
+
+from protocols.codec import Codec
+from protocols.errors import ProtocolError
+from protocols.messages import (
+    Control,
+    Goodbye,
+    Grant,
+    Heartbeat,
+    Hello,
+    Reset,
+    RolloutGroup,
+    Welcome,
+    WorkRequest,
+)
+from protocols.zmq_transport import CurveKeys, client_socket
+
+
+class DispatcherClient:
+    def __init__(self, endpoint: str, actor_id: str, capacity: int, *, ctx: zmq.Context,
+                 keys: CurveKeys | None = None, max_bytes: int = 64 << 20, heartbeat_seconds: float = 1.0,
+                 learner_timeout_seconds: float = 10.0):
+        self.endpoint, self.actor_id, self.capacity = endpoint, actor_id, capacity
+        self.codec = Codec(max_bytes)
+        self._sock = client_socket(ctx, zmq.DEALER, endpoint, keys=keys, max_bytes=max_bytes + (1 << 20))
+        self.heartbeat_seconds = heartbeat_seconds
+        self.learner_timeout_seconds = learner_timeout_seconds
+        self.welcome: Welcome | None = None
+        self.session = ""  # "" while not welcomed
+        self.learner_version = 0
+        self.concurrency: int | None = None  # the controller's latest word, if any
+        self.stop_reason = ""  # set by a Control(stop) from the learner
+        self.generate_seconds = 0.0  # cumulative, reported in heartbeats
+        self.version = -1  # weights version this actor holds, reported in heartbeats
+        self.resets = 0
+        self.bad_messages = 0
+        self._phase, self._phase_since = "idle", time.monotonic()
+        self._out: collections.deque = collections.deque()
+        self._grants: queue.SimpleQueue = queue.SimpleQueue()
+        self._welcomed = threading.Event()
+        self._closing = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(target=self._run, name=f"{actor_id}-io", daemon=True)
+        self._last_heard = 0.0
+        self._linger_ms = 0
+        self._host, self._pid = socket.gethostname(), os.getpid()
+
+    # -- the worker's side ----------------------------------------------------------------------
+    def start(self) -> "DispatcherClient":
+        self._thread.start()
+        return self
+
+    def wait_welcome(self, timeout: float | None = None) -> Welcome | None:
+        return self.welcome if self._welcomed.wait(timeout) else None
+
+    @property
+    def connected(self) -> bool:
+        return self._welcomed.is_set()
+
+    def phase(self, name: str) -> None:
+        """What the worker is doing now (idle, weights, generating, scoring, sending): the dispatcher
+        declares an actor hung when one phase lasts too long while it holds prompts."""
+        if name != self._phase:
+            self._phase, self._phase_since = name, time.monotonic()
+
+    def request(self, n: int, stop: threading.Event, timeout: float | None = None) -> Grant | None:
+        """Ask for up to n prompt groups and wait for the grant. None if `stop` is set, the learner
+        told us to stop, the session changed while waiting, or after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.phase("idle")
+        while not (stop.is_set() or self.stop_reason):
+            if not self._welcomed.wait(0.05):
+                continue
+            session = self.session
+            self._drain_grants()  # grants of an older session are void
+            self._queue(WorkRequest(actor_id=self.actor_id, capacity=max(1, n)))
+            while not (stop.is_set() or self.stop_reason) and self.session == session:
+                if deadline is not None and time.monotonic() > deadline:
+                    return None
+                try:
+                    grant = self._grants.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if grant.grant_id.startswith(session):
+                    return grant
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+        return None
+
+    def current(self, grant: Grant) -> bool:
+        """Is the grant still the learner's (no restart or reset since)?"""
+        return bool(self.session) and grant.grant_id.startswith(self.session)
+
+    def send_groups(self, groups: list[RolloutGroup], grant: Grant) -> bool:
+        """Queue the groups for the learner; False (nothing sent) if the grant's session is over."""
+        if not self.current(grant):
+            return False
+        for g in groups:
+            self._queue(g)
+        return True
+
+    def close(self, reason: str = "", error: bool = False, timeout: float = 2.0) -> None:
+        """Say Goodbye (prompts in flight go back to the stream) and stop the I/O thread. Idempotent."""
+        if self._closing.is_set():
+            return
+        self._linger_ms = int(timeout * 1000)
+        if self._thread.is_alive():  # the I/O thread owns the socket: it sends the Goodbye and closes
+            if self.session:
+                self._queue(Goodbye(actor_id=self.actor_id, reason=reason, error=error))
+            self._closing.set()
+            self._wake()
+            self._thread.join(timeout)
+        else:
+            self._closing.set()
+            self._shut(0)
+
+    def _shut(self, linger_ms: int) -> None:
+        self._sock.close(linger_ms)
+        w, self._wake_w = self._wake_w, -1
+        os.close(self._wake_r)
+        os.close(w)
+
+    # -- the I/O thread -------------------------------------------------------------------------
+    def _queue(self, msg) -> None:
+        self._out.append(self.codec.encode(msg))
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wake_w < 0:
+            return
+        try:
+            os.write(self._wake_w, b"w")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _drain_grants(self) -> None:
+        while True:
+            try:
+                self._grants.get_nowait()
+            except queue.Empty:
+                return
+
+    def _hello(self) -> bytes:
+        return self.codec.encode(Hello(actor_id=self.actor_id, capacity=self.capacity, host=self._host,
+                                       pid=self._pid))
+
+    def _heartbeat(self, now: float) -> bytes:
+        return self.codec.encode(Heartbeat(sender=self.actor_id, session=self.session, version=max(self.version, 0),
+                                           phase=self._phase, phase_seconds=now - self._phase_since,
+                                           generate_seconds=self.generate_seconds))
+
+    def _send(self, data: bytes) -> bool:
+        try:
+            self._sock.send(data, zmq.NOBLOCK)
+            return True
+        except zmq.Again:  # the learner is away and the queue is full: heartbeats resume when it is back
+            return False
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:  # the Goodbye (if any) gets the linger time to leave
+            self._shut(self._linger_ms if self.session else 0)
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        next_beat = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_beat:  # Hello until welcomed, then heartbeats
+                self._send(self._heartbeat(now) if self.session else self._hello())
+                next_beat = now + self.heartbeat_seconds
+            if self.session and now - self._last_heard > self.learner_timeout_seconds:
+                self._lose_session()  # the learner went quiet: restarted or gone; hello again
+                next_beat = now
+            while self._out:  # after a Goodbye nothing else is queued
+                if not self._send(self._out[0]):
+                    break
+                self._out.popleft()
+            if self._closing.is_set() and not self._out:
+                return
+            events = dict(poller.poll(timeout=max(1, int((next_beat - time.monotonic()) * 1000))))
+            if events.get(self._wake_r):
+                os.read(self._wake_r, 4096)
+            if events.get(self._sock):
+                self._receive()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = self.codec.decode(data.buffer)
+            except ProtocolError:
+                self.bad_messages += 1
+                continue
+            self._last_heard = time.monotonic()
+            if isinstance(msg, Welcome):
+                self.welcome, self.session = msg, msg.session
+                self.learner_version = msg.version
+                self.concurrency = msg.concurrency
+                self._welcomed.set()
+            elif isinstance(msg, Grant):
+                self.learner_version = max(self.learner_version, msg.version)
+                self._grants.put(msg)
+            elif isinstance(msg, Heartbeat):
+                if self.session and msg.session != self.session:
+                    self._lose_session()
+                else:
+                    self.learner_version = max(self.learner_version, msg.version)
+            elif isinstance(msg, Reset):
+                self.resets += 1
+                self._lose_session()
+            elif isinstance(msg, Control):
+                if msg.concurrency is not None:
+                    self.concurrency = msg.concurrency
+                if msg.stop:
+                    self.stop_reason = msg.reason or "stopped by the learner"
+
+    def _lose_session(self) -> None:
+        self.session = ""
+        self._welcomed.clear()
+        self._out.clear()  # groups and requests of the old session mean nothing to a new learner
+        self._send(self._hello())

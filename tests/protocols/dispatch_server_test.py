@@ -1,0 +1,156 @@
+"""The dispatcher over real ZeroMQ sockets (inproc and tcp on 127.0.0.1): clients join, get grants,
+send groups; bad bytes are counted and dropped; Curve keeps strangers out; a restarted learner is
+rejoined with no work carried across."""
+import threading
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from actors.prompt_stream import PromptStream
+from actors.tasks.registry import make_task
+from actors.tasks.config import TaskConfig
+from protocols.admission import AdmissionGate
+from protocols.codec import MAGIC, SCHEMA_VERSION, encode
+from protocols.dispatch import DispatchServer, Dispatcher, DispatchSettings
+from protocols.dispatch_client import DispatcherClient
+from protocols.ledger import SampleLedger
+from protocols.messages import EngineTimings, RolloutGroup
+from protocols.transport import InProcessTransport
+from protocols.zmq_transport import stop_authenticator, write_keys
+
+G = 2
+
+
+def wait_for(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+class Learner:
+    """A dispatcher with its real ledger, gate and stream, delivering into a queue."""
+
+    def __init__(self, ctx, external="tcp://127.0.0.1:0", keys=None, max_bytes=1 << 20, **settings):
+        self.task = make_task(TaskConfig(name="sort", num_digits=3, heldout_size=4))
+        self.stream, self.ledger = PromptStream(self.task), SampleLedger()
+        self.gate = AdmissionGate(64, 8)
+        self.queue = InProcessTransport()
+        s = DispatchSettings(group_size=G, heartbeat_seconds=0.1, heartbeat_timeout_seconds=1.0, **settings)
+        self.core = Dispatcher(self.stream, self.ledger, self.gate, s, deliver=self.queue.put, version_fn=lambda: 0)
+        self.server = DispatchServer(self.core, ctx=ctx, external=external, keys=keys, max_bytes=max_bytes).start()
+        self.gate.on_change = self.server.wake
+
+
+def answer(grant, i):
+    t = EngineTimings(queued_at=0, started_at=0, finished_at=0, generate_seconds=0, num_tokens=2, engine="jax")
+    return RolloutGroup(prompt_id=grant.prompt_ids[i], task="t", prompt_tokens=[1], completion_tokens=[[3]] * G,
+                        behavior_logprobs=[[-1.0]] * G, rewards=[0.5] * G, policy_version=0, actor_id="c",
+                        timings=t, grant_id=grant.grant_id)
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    stop_authenticator(c)
+    c.destroy(linger=0)
+
+
+def client(ctx, endpoint, name, **kw):
+    return DispatcherClient(endpoint, name, 4, ctx=ctx, heartbeat_seconds=0.1, learner_timeout_seconds=1.0, **kw).start()
+
+
+def test_threads_and_processes_speak_the_same_protocol(ctx):
+    learner = Learner(ctx)
+    stop = threading.Event()
+    clients = [client(ctx, learner.server.inproc, "thread"), client(ctx, learner.server.endpoint, "remote")]
+    for c in clients:
+        assert c.wait_welcome(5).session == learner.core.session
+        grant = c.request(3, stop, timeout=5)
+        assert grant is not None and len(grant.prompt_indices) == 3
+        assert c.send_groups([answer(grant, i) for i in range(3)], grant)
+    got = [learner.queue.get(timeout=5) for _ in range(6)]
+    assert None not in got and learner.ledger.counts()["queued"] == 6
+    assert wait_for(lambda: learner.server.metrics()["actors/alive"] == 2)
+    grant = clients[1].request(2, stop, timeout=5)
+    clients[1].close("bye")  # leaves with 2 prompts in flight
+    assert wait_for(lambda: learner.core.counts["reissued"] == 2)
+    assert learner.stream.pending_reissue == grant.prompt_indices
+    learner.ledger.verify(learner.stream.position, learner.stream.pending_reissue)
+    clients[0].close()
+    learner.server.stop()
+
+
+def test_bad_bytes_are_counted_and_dropped_and_the_server_keeps_serving(ctx):
+    learner = Learner(ctx, max_bytes=4096)
+    raw = ctx.socket(zmq.DEALER)
+    raw.connect(learner.server.endpoint)
+    raw.send(b"\xc1 not msgpack")  # malformed
+    raw.send(b'{"type": "hello"}')  # JSON: foreign
+    raw.send(msgspec.msgpack.encode([MAGIC, SCHEMA_VERSION + 1, {"type": "hello"}]))  # another schema version
+    raw.send(msgspec.msgpack.encode([MAGIC, SCHEMA_VERSION, {"type": "hello", "pad": "x" * 5000}]))  # too large
+    raw.send_multipart([b"a", b"b"])  # an unexpected frame count
+    assert wait_for(lambda: sum(learner.server.bad_messages.values()) == 5)
+    assert set(learner.server.bad_messages) == {"MalformedMessage", "ForeignMessage", "SchemaVersionMismatch",
+                                                "MessageTooLarge", "frames"}
+    good = client(ctx, learner.server.endpoint, "good")
+    assert good.wait_welcome(5) is not None and good.request(1, threading.Event(), timeout=5) is not None
+    good.close()
+    raw.close(0)
+    learner.server.stop()
+
+
+def test_with_curve_a_stranger_gets_nothing_through_and_the_run_is_unaffected(ctx, tmp_path):
+    from protocols.zmq_transport import CurveKeys
+
+    keys = write_keys(str(tmp_path / "keys"))
+    learner = Learner(ctx, keys=keys)
+    stranger_ctx = zmq.Context()
+    public, secret = zmq.curve_keypair()
+    stranger = stranger_ctx.socket(zmq.DEALER)
+    stranger.curve_serverkey, stranger.curve_publickey, stranger.curve_secretkey = keys.server_public, public, secret
+    stranger.connect(learner.server.endpoint)
+    from protocols.messages import Hello
+    stranger.send(encode(Hello(actor_id="evil", capacity=100)))
+    friend_keys = CurveKeys(keys.directory, keys.server_public, None, keys.client_public, keys.client_secret)
+    friend = client(ctx, learner.server.endpoint, "friend", keys=friend_keys)
+    assert friend.wait_welcome(5) is not None
+    assert friend.request(2, threading.Event(), timeout=5) is not None
+    time.sleep(0.5)
+    assert set(learner.core.actors) == {"friend"} and stranger.poll(200) == 0
+    assert learner.core.counts["joined"] == 1 and not learner.server.bad_messages
+    friend.close()
+    stranger.close(0)
+    stranger_ctx.destroy(linger=0)
+    learner.server.stop()
+
+
+def test_a_restarted_learner_is_rejoined_and_old_grants_are_void(ctx):
+    first = Learner(ctx)
+    endpoint = first.server.endpoint
+    c = client(ctx, endpoint, "survivor")
+    stop = threading.Event()
+    old_session = c.wait_welcome(5).session
+    old_grant = c.request(2, stop, timeout=5)
+    first.server.stop()  # the learner dies with the grant outstanding
+    second = None
+    for _ in range(50):  # ... and comes back on the same port (ZeroMQ frees it asynchronously)
+        try:
+            second = Learner(ctx, external=endpoint)
+            break
+        except OSError:
+            time.sleep(0.1)
+    assert wait_for(lambda: c.session == second.core.session, timeout=15)
+    assert c.session != old_session
+    assert not c.send_groups([answer(old_grant, 0)], old_grant)  # work of the old session is not sent
+    new_grant = c.request(2, stop, timeout=5)
+    assert new_grant.grant_id.startswith(second.core.session)
+    c.send_groups([answer(new_grant, 0)], new_grant)
+    assert second.queue.get(timeout=5).prompt_id == new_grant.prompt_ids[0]
+    c.close()
+    second.server.stop()
