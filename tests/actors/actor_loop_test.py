@@ -2,18 +2,17 @@
 
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
 
 from actors.actor_loop import Actor
 from actors.engine import JaxEngine
 from actors.prompt_stream import PromptStream
-from actors.tasks.base import make_task
+from actors.tasks.registry import make_task
 from launch.config import load_config
 from launch.policy import build_policy
 from protocols import codec
-from protocols.admission import AdmissionGate
-from protocols.transport import InProcessTransport
 from protocols.weights import InProcessWeights
 
 G = 4
@@ -26,8 +25,7 @@ def _actor(top_p: float):
                        policy.tokenizer.eos_id, policy.tokenizer.pad_id)
     task = make_task(cfg.task, policy.tokenizer)
     stream = PromptStream(task)
-    actor = Actor("a0", engine, task, stream, AdmissionGate(16, 1), InProcessWeights(policy.params, 0),
-                  InProcessTransport(), G, 2, seed=0)
+    actor = Actor("a0", engine, task, None, InProcessWeights(policy.params, 0), G, 2, seed=0)
     return actor, stream, engine, policy.params
 
 
@@ -40,7 +38,6 @@ def test_groups_carry_the_kept_top_p_mass_of_each_token(top_p):
         assert all(g.kept_logmass is None for g in groups)
         return
     # The engine's own numbers for the same call (same key: a function of the prompts).
-    import jax
     rows = [list(p.tokens) for p in prompts for _ in range(G)]
     ref = engine.generate(params, rows, jax.random.fold_in(actor.rng, prompts[0].index))
     for i, g in enumerate(groups):
