@@ -43,6 +43,8 @@ class Rollouts(NamedTuple):
     generated_tokens: int  # tokens the engine sampled (all turns)
     scores: list[Score] | None  # [N] multi-turn: the environment's reward and metrics; None: ask the task
     turns: list[int] | None = None  # [N] model turns per episode (multi-turn)
+    # [N][T_r] log of the top-p mass kept at each token (0 on observations); None: no truncation
+    kept_logmass: list[list[float]] | None = None
 
 
 def generate_rollouts(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
@@ -57,8 +59,17 @@ def generate_rollouts(engine, params, task, rows: Sequence[Prompt], key: jax.Arr
         tokens.append(result.tokens[r, :n].tolist())
         logprobs.append(result.logprobs[r, :n].astype(np.float64).tolist())
     versions = getattr(result, "policy_versions", None)
+    kept = _kept(result)
     return Rollouts(tokens, logprobs, None, None if versions is None else np.asarray(versions),
-                    int(result.lengths.sum()), None)
+                    int(result.lengths.sum()), None,
+                    kept_logmass=None if kept is None else [kept[r, :len(t)].astype(np.float64).tolist()
+                                                            for r, t in enumerate(tokens)])
+
+
+def _kept(result) -> np.ndarray | None:
+    """The engine's [N, M] kept top-p log-mass, or None when it cut nothing (or does not say)."""
+    kept = getattr(result, "kept_logmass", None)
+    return kept if kept is not None and np.any(kept != 0) else None
 
 
 class _Episode:
@@ -66,6 +77,7 @@ class _Episode:
         self.prompt, self.env = prompt, env
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
+        self.kept: list[float] = []  # top-p kept log-mass per token (0 on observations)
         self.mask: list[bool] = []
         self.reward = 0.0
         self.metrics: dict[str, float] = {}
@@ -88,7 +100,7 @@ def run_episodes(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
             ep = _Episode(p, None)
             ep.done, ep.error = True, ENV_ERROR
             episodes.append(ep)
-    generated = 0
+    generated, truncated = 0, False
     for turn in range(max_turns):
         live = [ep for ep in episodes if not ep.done]
         if not live:
@@ -96,12 +108,15 @@ def run_episodes(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
         context = [list(ep.prompt.tokens) + ep.tokens for ep in live]
         result = engine.generate(params, context, jax.random.fold_in(key, turn), greedy=greedy)
         versions = getattr(result, "policy_versions", None)
+        kept = _kept(result)
+        truncated = truncated or kept is not None
         for r, ep in enumerate(live):
             n = min(int(result.lengths[r]), budget - len(ep.tokens))
             ids = result.tokens[r, :n].tolist()
             generated += n
             ep.tokens += ids
             ep.logprobs += result.logprobs[r, :n].astype(np.float64).tolist()
+            ep.kept += [0.0] * n if kept is None else kept[r, :n].astype(np.float64).tolist()
             ep.mask += [True] * n
             ep.turns += 1
             if versions is not None:
@@ -113,7 +128,8 @@ def run_episodes(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
                     None if episodes[0].version is None else np.asarray([ep.version or 0 for ep in episodes]),
                     generated,
                     [Score(0.0 if ep.error else ep.reward, None, ep.metrics, ep.error) for ep in episodes],
-                    [ep.turns for ep in episodes])
+                    [ep.turns for ep in episodes],
+                    kept_logmass=[ep.kept for ep in episodes] if truncated else None)
 
 
 def _env_step(task, ep: _Episode, ids: list[int], budget: int, last_turn: bool) -> None:
@@ -138,6 +154,7 @@ def _env_step(task, ep: _Episode, ids: list[int], budget: int, last_turn: bool) 
         return
     ep.tokens += observation
     ep.logprobs += [0.0] * len(observation)
+    ep.kept += [0.0] * len(observation)
     ep.mask += [False] * len(observation)
 
 
@@ -164,6 +181,7 @@ def build_groups(task_name: str, actor_id: str, prompts: Sequence[Prompt], out: 
             rewards=[s.reward for s in group_scores],
             exact_match=None if any(e is None for e in exact) else exact,
             policy_mask=None if out.policy_mask is None else [out.policy_mask[r] for r in rows],
+            kept_logmass=None if out.kept_logmass is None else [out.kept_logmass[r] for r in rows],
             reward_errors=[s.error for s in group_scores] if any(s.error for s in group_scores) else None,
             task_metrics={k: [float(s.metrics.get(k, 0.0)) for s in group_scores] for k in names} or None,
             actor_id=actor_id,

@@ -70,6 +70,10 @@ def run_once(name: str, overrides: list[str], seed: int, max_steps: int, workdir
         "ess_min": min(r.get("ess", 1.0) for r in steps),
         "mismatch_kl_max": max(r.get("mismatch_kl", 0.0) for r in steps),
         "dropped": {k: v for k, v in steps[-1].items() if k.startswith("dropped")},
+        # the share of tokens the dual clip silenced, and top-p's KL(truncated || full) per token
+        "dual_clip_frac_mean": statistics.mean(r.get("dual_clip_frac", 0.0) for r in steps),
+        "truncation_kl_mean": (statistics.mean(r["truncation_kl"] for r in steps)
+                               if "truncation_kl" in steps[-1] else None),
     }
 
 

@@ -73,6 +73,36 @@ def make_groups(vocab: int, seed: int = 0) -> list[RolloutGroup]:
     return groups
 
 
+def bare_update(step: GRPOTrainStep, params, full, num_tokens: int, layout=None):
+    """The bare baseline: one jax.jit of value_and_grad(step.loss_fn) + the same optax update over
+    the whole batch `full` already on the device(s); on a mesh, the same shardings and activation
+    constraints. Returns a call that runs one update and waits."""
+    tx = step.optimizer
+
+    def bare_impl(params, opt_state, batch, n):
+        (_, _), grads = jax.value_and_grad(step.loss_fn, has_aux=True)(params, batch, n)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    if layout is None:
+        bare_step = jax.jit(bare_impl)
+        full_dev = jax.device_put(full)
+        n_dev = jax.device_put(np.float32(num_tokens))
+    else:  # the same mesh, shardings and activation constraints, one program for the whole batch
+        p, o = layout.params, layout.opt_state(tx)
+        rows = type(full)(*([layout.batch] * len(full)))
+        bare_step = jax.jit(bare_impl, in_shardings=(p, o, rows, layout.replicated), out_shardings=(p, o))
+        full_dev = type(full)(*layout.put_batch([np.asarray(x) for x in full]))
+        n_dev = layout.scalar(num_tokens)
+    state = {"p": params, "o": step.init(params).opt_state}
+
+    def bare():
+        state["p"], state["o"] = bare_step(state["p"], state["o"], full_dev, n_dev)
+        jax.block_until_ready(state["p"])
+
+    return bare
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="timed repeats (median reported)")
@@ -109,29 +139,7 @@ def main() -> None:
     def ours():
         state["s"], _ = step.update(state["s"], microbatches, num_tokens)
 
-    # Bare: one jitted step over the whole batch on the device.
-    tx = step.optimizer
-
-    def bare_impl(params, opt_state, batch, n):
-        (_, _), grads = jax.value_and_grad(step.loss_fn, has_aux=True)(params, batch, n)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    if layout is None:
-        bare_step = jax.jit(bare_impl)
-        full_dev = jax.device_put(full)
-        n_dev = jax.device_put(np.float32(num_tokens))
-    else:  # the same mesh, shardings and activation constraints, one program for the whole batch
-        p, o = layout.params, layout.opt_state(tx)
-        rows = type(full)(*([layout.batch] * len(full)))
-        bare_step = jax.jit(bare_impl, in_shardings=(p, o, rows, layout.replicated), out_shardings=(p, o))
-        full_dev = type(full)(*layout.put_batch([np.asarray(x) for x in full]))
-        n_dev = layout.scalar(num_tokens)
-    bare_state = {"p": params, "o": step.init(params).opt_state}
-
-    def bare():
-        bare_state["p"], bare_state["o"] = bare_step(bare_state["p"], bare_state["o"], full_dev, n_dev)
-        jax.block_until_ready(bare_state["p"])
+    bare = bare_update(step, params, full, num_tokens, layout)
 
     # Interleave the two so a noisy neighbour hits both alike; keep the median of each.
     ours_s, bare_s = [], []

@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import json
 import pathlib
-import statistics
 import sys
 import time
 

@@ -18,7 +18,6 @@ import json
 import os
 import resource
 import socket
-import statistics
 import sys
 import tempfile
 import threading

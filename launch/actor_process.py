@@ -79,13 +79,14 @@ def _build(welcome, client, actor_id, ctx, keys, log):
     from actors.remote_weights import RemoteWeights
     from actors.rewards import make_scorer
     from actors.tasks.registry import make_task
-    from launch import config_loader
+    from launch import compile_cache, config_loader
     from launch.config import Config
     from launch.policy import build_policy
     from protocols.weights_wire import WeightClient
 
     cfg = config_loader.merge(Config(), welcome.config)
     config_loader.validate_tree(cfg)
+    compile_cache.enable(cfg.run.jax_cache)  # this host's cache: a restarted actor loads its programs
     client.heartbeat_seconds = cfg.actors.heartbeat_seconds
     client.learner_timeout_seconds = cfg.actors.heartbeat_timeout_seconds
     policy = build_policy(cfg)  # the model's shape and tokenizer; its weights come from the learner

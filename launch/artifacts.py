@@ -7,7 +7,6 @@ import re
 import shlex
 import sys
 
-import orbax.checkpoint as ocp
 import yaml
 
 from launch import config_loader
@@ -50,6 +49,8 @@ def params_path(run_dir: str) -> str:
 
 def save_params(run_dir: str, params) -> None:
     """Final policy weights as an orbax checkpoint (no pickle)."""
+    import orbax.checkpoint as ocp  # here, not at import: ~1 s off every start
+
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save(params_path(run_dir), params, force=True)
 
@@ -59,5 +60,7 @@ def load_params(run_dir: str, template):
     path = params_path(run_dir)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} does not exist: the run did not finish or is not a Cadence run")
+    import orbax.checkpoint as ocp
+
     with ocp.StandardCheckpointer() as ckpt:
         return ckpt.restore(path, template)

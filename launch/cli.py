@@ -86,17 +86,21 @@ def cmd_train(args) -> int:
     from launch.config import load_config
     from launch.config_loader import ConfigError, to_dict
 
+    notes: list[str] = []
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, notes)
         resume = "yes" if args.resume else cfg.run.resume
         saved = os.path.join(cfg.run.dir, "config.yaml") if cfg.run.dir else ""
         if resume != "no" and saved and os.path.isfile(saved):
             # the run's own config is the base, so `--resume run.dir=DIR` needs nothing else
-            cfg = load_config([saved, *args.config], args.overrides)
+            notes = []
+            cfg = load_config([saved, *args.config], args.overrides, notes)
         if args.resume and not cfg.run.dir:
             raise ConfigError("run.dir: --resume needs the run directory, e.g. run.dir=runs/NAME")
     except ConfigError as e:
         return _fail(f"config error: {e}", EXIT_CONFIG)
+    for note in notes:
+        print(f"cadence: note: {note}", file=sys.stderr)
     if args.print_config:
         yaml.safe_dump(to_dict(cfg), sys.stdout, sort_keys=False)
         return 0
@@ -164,10 +168,13 @@ def cmd_experiment(args) -> int:
     size = batch_invariance.QUICK if args.quick else batch_invariance.FULL
     # the experiment's own base settings (smaller warm-up / larger held-out set); the user's win
     extra = list(size["overrides"]) if args.name != "throughput" else []
+    notes: list[str] = []
     try:
-        cfg = load_config(args.config, extra + list(args.overrides))
+        cfg = load_config(args.config, extra + list(args.overrides), notes)
     except ConfigError as e:
         return _fail(f"config error: {e}", EXIT_CONFIG)
+    for note in notes:
+        print(f"cadence: note: {note}", file=sys.stderr)
     opts = {"batch_sizes": tuple(args.batch_sizes) if args.batch_sizes else None,
             "scalings": tuple(args.scalings) if args.scalings else None,
             "seeds": tuple(args.seeds) if args.seeds else None, "max_samples": args.max_samples,

@@ -39,6 +39,8 @@ class RunConfig:
     prometheus_port: int = 0  # serve Prometheus /metrics on this port (0 = off)
     prometheus_host: str = "127.0.0.1"  # address /metrics binds to: loopback unless set (0.0.0.0 exposes it to the network)
     heartbeat_seconds: float = 5.0  # RUN_DIR/heartbeat.json is rewritten this often; `cadence status` reads it
+    # JAX persistent compilation cache: "auto" ($XDG_CACHE_HOME or ~/.cache, /cadence/jax), a directory, or "none"
+    jax_cache: str = "auto"
 
     def validate(self) -> None:
         if self.steps < 0:
@@ -119,6 +121,10 @@ class Config:
                 f"learner.grpo.temperature: {self.learner.grpo.temperature} must equal "
                 f"engine.temperature ({self.engine.temperature}) so the learner scores the distribution "
                 "the sampler drew from")
+        if (self.learner.grpo.behavior_logprobs == "nucleus" and self.actors.engine == "sglang"
+                and self.engine.top_p < 1.0):
+            raise ConfigError("learner.grpo.behavior_logprobs: 'nucleus' needs the kept top-p mass, which "
+                              "the SGLang engine does not report; use 'full' or actors.engine=jax")
         if self.learner.batch_size % self.learner.group_size:
             raise ConfigError("learner.batch_size: must be a multiple of learner.group_size")
         if self.learner.minibatches > 1 and self.controller.enabled:
@@ -126,8 +132,40 @@ class Config:
             raise ConfigError("learner.minibatches: the batch-size controller needs 1 update per batch")
 
 
-def load_config(files=(), overrides=()) -> Config:
-    return config_loader.build(Config(), list(files), list(overrides))
+# The defaults suit the built-in tiny model (30 warm-up steps at lr 3e-3, RL at 1e-3) and would wreck
+# a pretrained checkpoint. With model.path set, the keys the user did not set take these values
+# (actor 1e-6 and critic 1e-5 are verl's and OpenRLHF's defaults for 0.5-7B models).
+PRETRAINED_DEFAULTS = {
+    "learner.optimizer.lr": 1e-6,
+    "learner.ppo.critic_lr": 1e-5,
+    "learner.sft.steps": 0,  # no supervised warm-up unless asked for
+    "learner.sft.lr": 1e-5,  # if it is asked for
+}
+
+
+def pretrained_defaults(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
+    """cfg with PRETRAINED_DEFAULTS for the keys not in `given` when model.path is set, and a
+    note saying what was chosen (empty when nothing changed)."""
+    if not cfg.model.path:
+        return cfg, []
+    chosen = {k: v for k, v in PRETRAINED_DEFAULTS.items() if k not in given}
+    for key, value in chosen.items():
+        cfg = config_loader.merge(cfg, config_loader.nest(key, value))
+    if not chosen:
+        return cfg, []
+    what = ", ".join(f"{k}={v:g}" for k, v in chosen.items())
+    return cfg, [f"model.path is a pretrained checkpoint, so the tiny model's defaults do not apply: "
+                 f"{what} (set any of these keys to choose; learner.sft.steps=N asks for a warm-up)"]
+
+
+def load_config(files=(), overrides=(), notes: list[str] | None = None) -> Config:
+    """Defaults <- YAML files <- key=value overrides, validated; with model.path, the keys not
+    given take PRETRAINED_DEFAULTS (what was chosen is appended to `notes`)."""
+    cfg = config_loader.build(Config(), list(files), list(overrides))
+    cfg, said = pretrained_defaults(cfg, config_loader.given_keys(list(files), list(overrides)))
+    if notes is not None:
+        notes.extend(said)
+    return cfg
 
 
 def completion_budget(cfg: Config, task=None) -> int:

@@ -216,6 +216,24 @@ def build(default, files: list[str] = (), overrides: list[str] = ()):
     return cfg
 
 
+def given_keys(files: list[str] = (), overrides: list[str] = ()) -> set[str]:
+    """The dotted leaf keys that the YAML files and key=value overrides set (not the defaults)."""
+    keys: set[str] = set()
+
+    def walk(data, prefix: str) -> None:
+        for name, value in data.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{name}.")
+            else:
+                keys.add(f"{prefix}{name}")
+
+    for path in files:
+        walk(load_yaml(path), "")
+    for text in overrides:
+        walk(nest(*parse_override(text)), "")
+    return keys
+
+
 def to_dict(node) -> dict:
     """Plain nested dict (tuples as lists) for YAML/JSON dumps."""
     out = {}

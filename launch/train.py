@@ -22,7 +22,7 @@ from actors.evaluation import evaluate_heldout
 from actors.prompt_stream import PromptStream
 from actors.rewards import make_scorer
 from actors.tasks.registry import make_task
-from launch import artifacts, run_state
+from launch import artifacts, compile_cache, run_state
 from launch.config_loader import to_dict
 from launch.config import Config, seq_len as config_seq_len
 from launch.learner_group import LearnerProcesses  # [sharded learner]
@@ -96,13 +96,15 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
       hyperparameters, actor concurrency).
     Raises ConfigError (a resume with changed frozen keys, nothing to resume), RunFinished.
     """
+    compile_cache.enable(cfg.run.jax_cache)  # before the first compile (launch/compile_cache.py)
     procs = LearnerProcesses.start(cfg, resolve_model_config(cfg.model))  # [sharded learner] before any JAX work
     run_dir, resuming = run_state.locate(cfg, run_dir, resume)
     progress = Progress(cfg.run.progress)
     policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
     task = make_task(cfg.task, policy.tokenizer)
     L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
-    train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout)  # [sharded learner]
+    train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]
+                                 completion_budget=cfg.engine.max_new_tokens)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
     logits_fn = functools.partial(forward, policy.graphdef, remat=cfg.learner.remat)

@@ -88,13 +88,16 @@ def build_microbatches(
       seq_len: T, the fixed row length (prompt + completion).
       microbatch_size: M, rows per microbatch.
       pad_id: token id of padding.
-      grpo_cfg: GRPOConfig (scale_by_std, std_scope, std_eps).
+      grpo_cfg: GRPOConfig (scale_by_std, std_scope, std_eps, behavior_logprobs: "nucleus" uses
+        logprob - kept_logmass as the behavior logprob of groups that carry kept_logmass).
 
     Returns:
       (microbatches, stats). stats: num_tokens (completion tokens kept that the policy sampled:
       the global normalizer of the loss), num_samples, num_groups, num_microbatches, reward_mean, reward_std,
       zero_advantage_group_frac (groups with equal rewards: no signal), completion_len_mean,
-      completion_len_max, truncated_samples, policy_version_min / _max / _mean.
+      completion_len_max, truncated_samples, policy_version_min / _max / _mean, and
+      truncation_kl (mean -kept_logmass over the trained completion tokens: KL(top-p || full)
+      per token) when any group carries kept_logmass.
 
     Raises:
       ValueError: empty input, a prompt that is empty or leaves no room in seq_len, or behavior
@@ -120,13 +123,15 @@ def build_microbatches(
     num_mb = max(1, -(-num_samples // microbatch_size))
     rows = empty_microbatch(num_mb * microbatch_size, seq_len, pad_id)  # all rows, then split
 
-    row, truncated, lengths, trained_tokens = 0, 0, [], []
+    nucleus = getattr(grpo_cfg, "behavior_logprobs", "full") == "nucleus"
+    row, truncated, lengths, trained_tokens, truncation_kl = 0, 0, [], [], []
     for g, adv in zip(groups, advantages):
         prompt = np.asarray(g.prompt_tokens, np.int32)
         p = len(prompt)
         policy_masks = g.policy_mask if getattr(g, "policy_mask", None) is not None else [None] * len(adv)
-        for completion, behavior, a, r, policy in zip(g.completion_tokens, g.behavior_logprobs, adv,
-                                                      g.rewards, policy_masks):
+        kept_per_completion = getattr(g, "kept_logmass", None) or [None] * len(adv)
+        for completion, behavior, a, r, policy, kept in zip(g.completion_tokens, g.behavior_logprobs, adv,
+                                                            g.rewards, policy_masks, kept_per_completion):
             if len(behavior) != len(completion):
                 raise ValueError(
                     f"group {g.prompt_id!r}: completion of {len(completion)} tokens has "
@@ -140,6 +145,11 @@ def build_microbatches(
             trained = np.ones(c, np.float32) if policy is None else np.asarray(policy[:c], np.float32)
             rows.loss_mask[row, p : p + c] = trained
             rows.behavior_logprobs[row, p : p + c] = np.asarray(behavior[:c], np.float32) * trained
+            if kept is not None:
+                kept = np.asarray(kept[:c], np.float32) * trained
+                truncation_kl.append(-kept[trained > 0])
+                if nucleus:  # the probability the token was drawn with
+                    rows.behavior_logprobs[row, p : p + c] -= kept
             lengths.append(c)
             trained_tokens.append(int(trained.sum()))
             rows.advantages[row] = a
@@ -168,6 +178,8 @@ def build_microbatches(
         "policy_version_max": int(versions.max()),
         "policy_version_mean": float(versions.mean()),
     }
+    if truncation_kl:
+        stats["truncation_kl"] = float(np.concatenate(truncation_kl).mean())
     return microbatches, stats
 
 

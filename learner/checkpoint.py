@@ -15,11 +15,10 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import threading
 import time
 import warnings
 from typing import Any
-
-import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +42,12 @@ class CheckpointConfig:
             raise ValueError(f"signal_timeout_seconds: must be > 0, got {self.signal_timeout_seconds}")
 
 
+def _orbax():
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message names the directory and step."""
 
@@ -63,14 +68,26 @@ class Checkpointer:
         # can write the very arrays of step N while step N+1 computes new ones: no copy, no stall.
         # (orbax's own async mode first copies every array to host memory on the calling thread:
         # 0.1 s for a 25M-parameter model and Adam here, 14% of a step.)
-        options = ocp.CheckpointManagerOptions(max_to_keep=cfg.keep, enable_async_checkpointing=False)
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        self._manager = None  # made on first use: importing orbax costs ~1 s of every start
+        self._manager_lock = threading.Lock()  # the first use may be on the writer thread
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint") \
             if cfg.async_save else None
         self._pending: concurrent.futures.Future | None = None
         self._last_save_time = time.monotonic()
         self.blocked_seconds = 0.0  # time the training loop spent inside save() calls
         self.last_saved_at: float | None = None  # unix time the newest complete checkpoint was on disk
+
+    @property
+    def manager(self):
+        """The orbax CheckpointManager (orbax is imported here, off the start of a run)."""
+        with self._manager_lock:
+            if self._manager is None:
+                ocp = _orbax()
+                options = ocp.CheckpointManagerOptions(max_to_keep=self.cfg.keep,
+                                                       enable_async_checkpointing=False)
+                self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                                      item_names=("state", "meta"))
+            return self._manager
 
     # -- saving -----------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -100,6 +117,7 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
 
     def _write(self, step: int, arrays: Any, meta: dict) -> None:
+        ocp = _orbax()
         try:
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
                                                             meta=ocp.args.JsonSave(meta)), force=True)
@@ -122,7 +140,8 @@ class Checkpointer:
             if self._writer is not None:
                 self._writer.shutdown(wait=True)
         try:
-            self.manager.close()
+            if self._manager is not None:
+                self._manager.close()
         except Exception as e:  # noqa: BLE001 - reported, never hides an earlier error
             log.warning("closing checkpoint manager: %s", e)
 
@@ -136,6 +155,7 @@ class Checkpointer:
         """(step, arrays, meta) of the newest checkpoint that restores cleanly, or None if none.
 
         A newer step that fails to restore is skipped with a warning naming its directory."""
+        ocp = _orbax()
         for step in reversed(self.steps()):
             try:
                 out = self.manager.restore(step, args=ocp.args.Composite(

@@ -46,6 +46,9 @@ class GRPOConfig:
     std_eps: float = 1e-6  # Added to the group std before dividing.
     clip_low: float = 0.2  # Lower clip: ratio is clipped at 1 - clip_low.
     clip_high: float = 0.2  # Upper clip: ratio is clipped at 1 + clip_high (clip-higher if larger).
+    # Dual-clip PPO: with a negative advantage a ratio above this contributes dual_clip * A and no
+    # gradient (stale tokens with r up to e^20 would otherwise dominate); 0 disables it.
+    dual_clip: float = 3.0
     # How the sampler/learner mismatch is corrected: "coupled" (PPO ratio vs the sampler, clipped),
     # "decoupled" (AReaL: ratio vs the proximal policy, times a truncated behavior importance
     # weight), "none" (plain on-policy gradient; behavior logprobs only measured). Default coupled:
@@ -55,6 +58,10 @@ class GRPOConfig:
     # With max_staleness=0 all three are the same objective.
     correction: Literal["decoupled", "coupled", "none"] = "coupled"
     is_cap: float = 2.0  # Truncation cap of the behavior importance weight; <= 0 disables the cap.
+    # Which behavior logprobs the correction uses under top-p: "full" (log-softmax over the whole
+    # vocabulary, what the learner recomputes: sampler == learner gives ratio 1) or "nucleus"
+    # (logprob - kept_logmass: the probability the token was actually drawn with).
+    behavior_logprobs: Literal["full", "nucleus"] = "full"
     temperature: float = 1.0  # Sampling temperature; the learner divides logits by it.
     entropy_coef: float = 0.0  # Weight of the token-mean entropy bonus (subtracted from the loss).
     # Which std divides the group-centered rewards when scale_by_std: each group's own ("group",
@@ -64,7 +71,7 @@ class GRPOConfig:
     # "seq_mean_token_mean" (mean over each sequence, then over sequences: original GRPO),
     # "seq_sum_norm" (each sequence's sum / aggregation_constant, mean over sequences: Dr.GRPO).
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"] = "token_mean"
-    aggregation_constant: int = 0  # Divisor of seq_sum_norm; 0 uses the row length (seq_len).
+    aggregation_constant: int = 0  # Divisor of seq_sum_norm; 0 uses the completion budget (engine.max_new_tokens).
     # Importance ratio per token (PPO/GRPO) or per sequence as the geometric mean of its token
     # ratios (GSPO; use with a small clip range, e.g. clip_low=3e-4, clip_high=4e-4).
     importance_level: Literal["token", "sequence"] = "token"
@@ -81,10 +88,14 @@ class GRPOConfig:
             raise ValueError(f"clip_low: must be in [0, 1), got {self.clip_low}")
         if not self.clip_high >= 0:
             raise ValueError(f"clip_high: must be >= 0, got {self.clip_high}")
+        if self.dual_clip != 0 and not self.dual_clip > 1.0 + self.clip_high:
+            raise ValueError(f"dual_clip: must be 0 (off) or > 1 + clip_high = {1.0 + self.clip_high}, "
+                             f"got {self.dual_clip}")
         if self.correction not in ("decoupled", "coupled", "none"):
             raise ValueError(
                 f"correction: must be one of 'decoupled', 'coupled', 'none', got {self.correction!r}"
             )
+        _check_choice("behavior_logprobs", self.behavior_logprobs, ("full", "nucleus"))
         if not self.temperature > 0:
             raise ValueError(f"temperature: must be > 0, got {self.temperature}")
         if self.entropy_coef < 0:

@@ -166,6 +166,8 @@ class LearnerLoop:
             "learner/train_seconds": train_seconds,
             "learner/tokens_per_second": seq_tokens / max(train_seconds, 1e-9),
         })
+        if "truncation_kl" in stats:  # top-p's share of the sampler/learner mismatch
+            out["truncation_kl"] = stats["truncation_kl"]
         out.update(self._task_metrics(batch.groups))
         return state, out
 

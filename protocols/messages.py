@@ -71,6 +71,11 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
     policy_mask: list[list[bool]] | None = None
     reward_errors: list[str] | None = None  # [G] optional: "" or why scoring failed (the reward is then 0)
     task_metrics: dict[str, list[float]] | None = None  # optional: the task's own per-completion metrics, [G] each
+    # [G][T_g] optional: log of the probability mass the sampler's top-p nucleus kept at each
+    # token (<= 0; 0 on tokens the policy did not sample): the token was drawn with probability
+    # exp(behavior_logprob - kept_logmass), and -kept_logmass is KL(truncated || full) of that
+    # step. None: no truncation, or not reported.
+    kept_logmass: list[list[float]] | None = None
 
     @property
     def group_size(self) -> int:
@@ -81,9 +86,10 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
         """Raises InvalidMessage unless the per-completion fields agree in length and are sane.
 
         Checks: G >= 1; behavior_logprobs, rewards (and exact_match, policy_mask, reward_errors,
-        each task_metrics list if given) have G entries; each completion has as many logprobs (and
-        policy_mask entries) as ids; ids are >= 0; logprobs, rewards and task metrics are finite;
-        policy_version >= 0; prompt_id is non-empty.
+        kept_logmass, each task_metrics list if given) have G entries; each completion has as many
+        logprobs (and policy_mask entries, kept log-masses) as ids; ids are >= 0; logprobs, kept
+        log-masses, rewards and task metrics are finite; policy_version >= 0; prompt_id is
+        non-empty.
         """
         name = "RolloutGroup"
         if not self.prompt_id:
@@ -96,7 +102,7 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
         if group_size < 1:
             raise InvalidMessage(f"{name}.completion_tokens: a group needs at least 1 completion")
         per_completion = {"behavior_logprobs": self.behavior_logprobs, "rewards": self.rewards}
-        for field in ("exact_match", "policy_mask", "reward_errors"):
+        for field in ("exact_match", "policy_mask", "reward_errors", "kept_logmass"):
             if getattr(self, field) is not None:
                 per_completion[field] = getattr(self, field)
         for key, values in (self.task_metrics or {}).items():
@@ -124,6 +130,12 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
                     raise InvalidMessage(
                         f"{name}.behavior_logprobs[{i}][{j}]: must be finite, got {logprobs[j]}"
                     )
+        for i, (tokens, kept) in enumerate(zip(self.completion_tokens, self.kept_logmass or ())):
+            if len(kept) != len(tokens):
+                raise InvalidMessage(f"{name}.kept_logmass[{i}]: has {len(kept)} values for "
+                                     f"{len(tokens)} tokens in completion_tokens[{i}]")
+            if not math.isfinite(sum(kept)):
+                raise InvalidMessage(f"{name}.kept_logmass[{i}]: must be finite")
         if self.policy_mask is not None:
             for i, (tokens, mask) in enumerate(zip(self.completion_tokens, self.policy_mask)):
                 if len(mask) != len(tokens):

@@ -171,26 +171,38 @@ CORRECTIONS: dict[str, Correction] = {name: _token_level(name) for name in LOG_C
 
 
 def clipped_surrogate(
-    ratio: jax.Array, advantages: jax.Array, clip_low: float, clip_high: float
+    ratio: jax.Array, advantages: jax.Array, clip_low: float, clip_high: float,
+    dual_clip: float = 0.0,
 ) -> tuple[jax.Array, jax.Array]:
-    """PPO's pessimistic objective min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A).
+    """PPO's pessimistic objective min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A), dual-clipped.
 
     Written with a `where` rather than `minimum` so ties (r inside the clip range) take the
     unclipped branch with its exact gradient A * dr instead of a split subgradient.
+    With dual_clip = c > 0 (dual-clip PPO, Ye et al. 2020; AReaL and verl use c = 3), a negative
+    advantage's objective is max(that, c * A): min(r A, ...) is unbounded below as r grows, so a
+    stale token the learner now likes far more than the sampler did (r up to e^20) would dominate
+    the gradient; beyond r = c it contributes the constant c * A and no gradient.
 
     Args:
       ratio: [B, T] policy ratio r.
       advantages: [B, T] (or broadcastable) advantages A.
       clip_low, clip_high: the clip range around 1.
+      dual_clip: c (> 1 + clip_high), or 0 for no dual clip.
 
     Returns:
-      (objective [B, T] to maximize, clipped [B, T] bool: where the clip is binding, i.e. the
+      (objective [B, T] to maximize, clipped [B, T] bool: where a clip is binding, i.e. the
       token's gradient is zeroed).
     """
     unclipped = ratio * advantages
     clipped_obj = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     clipped = clipped_obj < unclipped
-    return jnp.where(clipped, clipped_obj, unclipped), clipped
+    objective = jnp.where(clipped, clipped_obj, unclipped)
+    if dual_clip > 0:
+        floor = dual_clip * advantages
+        dual = (advantages < 0) & (floor > objective)
+        objective = jnp.where(dual, floor, objective)
+        clipped = clipped | dual
+    return objective, clipped
 
 
 def token_sum(values: jax.Array, loss_mask: jax.Array, num_tokens) -> jax.Array:
@@ -224,15 +236,22 @@ AGGREGATIONS: dict[str, Aggregation] = {
 }
 
 
-def aggregate(values, loss_mask, cfg, num_tokens, num_sequences=None) -> jax.Array:
+def aggregate(values, loss_mask, cfg, num_tokens, num_sequences=None, completion_budget: int = 0
+              ) -> jax.Array:
     """Aggregates per-token values with cfg.aggregation (GRPOConfig); see AGGREGATIONS.
 
     num_sequences defaults to the rows of this (micro)batch that hold a completion token.
+    seq_sum_norm divides each sequence's sum by cfg.aggregation_constant, or when that is 0 by
+    completion_budget (the most tokens a completion may have: Dr.GRPO's generation budget, not
+    the row length, which also holds the prompt and padding).
     """
     mode = getattr(cfg, "aggregation", "token_mean")
     if num_sequences is None:
         num_sequences = jnp.maximum(jnp.sum(jnp.any(loss_mask > 0, axis=-1)), 1)
-    constant = getattr(cfg, "aggregation_constant", 0) or values.shape[-1]
+    constant = getattr(cfg, "aggregation_constant", 0) or completion_budget
+    if mode == "seq_sum_norm" and not constant > 0:
+        raise ValueError("aggregation_constant: seq_sum_norm divides by the completion budget; set "
+                         "learner.grpo.aggregation_constant or pass completion_budget (engine.max_new_tokens)")
     return AGGREGATIONS[mode](values, loss_mask, num_tokens, num_sequences, float(constant))
 
 
@@ -279,10 +298,12 @@ def grpo_token_loss(
     entropy: jax.Array | None = None,
     proximal_logprobs: jax.Array | None = None,
     num_sequences=None,
+    completion_budget: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO-family loss of a (micro)batch: clipped surrogate, correction, aggregation.
 
     loss = -AGG_t[w_t * min(r_t A_t, clip(r_t) A_t)] - entropy_coef * mean entropy
+    (for A_t < 0 the min is floored at dual_clip * A_t when cfg.dual_clip > 0)
     with (r, w) from importance_ratio_and_weight (cfg.correction, cfg.importance_level) and AGG
     the aggregation cfg.aggregation (default token_mean: sum over masked tokens / num_tokens).
 
@@ -292,17 +313,21 @@ def grpo_token_loss(
       advantages: [B] one advantage per sample (broadcast over its tokens), or [B, T] per token.
       loss_mask: [B, T] 1.0 on completion tokens, 0 elsewhere (prompt, padding, padding rows).
       num_tokens: the GLOBAL number of completion tokens of the whole batch (all microbatches).
-      cfg: GRPOConfig (clip_low, clip_high, correction, is_cap, entropy_coef, aggregation,
+      cfg: GRPOConfig (clip_low, clip_high, dual_clip, correction, is_cap, entropy_coef, aggregation,
         aggregation_constant, importance_level are read).
-      entropy: optional [B, T] per-token entropy; enables the entropy metric and bonus.
+      entropy: optional [B, T] per-token entropy; enables the entropy metric and bonus (the train
+        steps compute it only when cfg.entropy_coef > 0: it needs the full [B, T, V] softmax).
       proximal_logprobs: optional [B, T] log-probs of the proximal policy for "decoupled";
         default stop_gradient(logprobs) (one optimizer step per batch: the current policy).
       num_sequences: the GLOBAL number of sequences with completion tokens (sequence-level
         aggregations); default: those of this (micro)batch.
+      completion_budget: the most tokens a completion may have (engine.max_new_tokens): the
+        divisor of seq_sum_norm when cfg.aggregation_constant is 0.
 
     Returns:
       (loss scalar, metrics): metrics are additive over microbatches (token sums / num_tokens):
-      pg_loss, clip_frac, ratio_mean, is_weight_mean, is_truncated_frac, entropy (if given) and
+      pg_loss, clip_frac (either clip binding), dual_clip_frac, ratio_mean, is_weight_mean,
+      is_truncated_frac, entropy (if given), entropy_sampled (mean -log pi of the tokens) and
       those of mismatch_metrics; pass their microbatch sum to finalize_metrics for the ESS.
     """
     mask = loss_mask.astype(jnp.float32)  # [B, T]
@@ -322,8 +347,10 @@ def grpo_token_loss(
     advantages = advantages.astype(jnp.float32)
     if advantages.ndim == 1:
         advantages = advantages[:, None]  # [B, 1]: one per sequence
-    objective, clipped = clipped_surrogate(ratio, advantages, cfg.clip_low, cfg.clip_high)  # [B, T]
-    pg_loss = -aggregate(weight * objective, mask, cfg, num_tokens, num_sequences)
+    dual_clip = getattr(cfg, "dual_clip", 0.0)
+    objective, clipped = clipped_surrogate(ratio, advantages, cfg.clip_low, cfg.clip_high,
+                                           dual_clip)  # [B, T]
+    pg_loss = -aggregate(weight * objective, mask, cfg, num_tokens, num_sequences, completion_budget)
     loss = pg_loss
 
     sg = jax.lax.stop_gradient
@@ -332,10 +359,16 @@ def grpo_token_loss(
     metrics = {
         "pg_loss": sg(pg_loss),
         "clip_frac": token_sum(clipped.astype(jnp.float32), mask, num_tokens),
+        # the share of tokens the dual clip silenced (A < 0, r > c): stale tokens it kept out
+        "dual_clip_frac": token_sum(((advantages < 0) & (ratio > dual_clip) & (dual_clip > 0))
+                                    .astype(jnp.float32), mask, num_tokens),
         "ratio_mean": token_sum(sg(ratio), mask, num_tokens),
         "is_weight_mean": token_sum(sg(weight), mask, num_tokens),
         "is_truncated_frac": token_sum(truncated.astype(jnp.float32), mask, num_tokens),
     }
+    # -log pi of the sampled tokens: an estimate of the entropy that costs nothing (exact in
+    # expectation when the tokens come from the learner's own policy; staleness biases it).
+    metrics["entropy_sampled"] = token_sum(-sg(logprobs), mask, num_tokens)
     if entropy is not None:
         mean_entropy = token_sum(entropy, mask, num_tokens)
         if cfg.entropy_coef:

@@ -10,7 +10,7 @@ from learner.steps.ppo_step import PPOTrainStep
 from learner.steps.grpo_step import GRPOTrainStep
 
 
-def make_train_step(graphdef, cfg: LearnerConfig, layout=None):
+def make_train_step(graphdef, cfg: LearnerConfig, layout=None, *, completion_budget: int = 0):
     """A train step object with init(params), update(state, microbatches, num_tokens),
     set_hyperparams(state, **kw), get_hyperparams(state) and cache_sizes().
 
@@ -18,9 +18,12 @@ def make_train_step(graphdef, cfg: LearnerConfig, layout=None):
     which also carries the critic, its optimizer and the frozen reference policy). Both states
     expose .params (the policy to publish), .opt_state and .step. layout: a
     learner.sharding.Layout for a device mesh (None: one device); cfg.remat applies either way.
+    completion_budget (engine.max_new_tokens) divides the seq_sum_norm aggregation unless
+    grpo.aggregation_constant is set.
     """
     if cfg.algorithm == "ppo":
-        return PPOTrainStep(graphdef, cfg, layout)
+        return PPOTrainStep(graphdef, cfg, layout, completion_budget=completion_budget)
     if cfg.algorithm == "grpo":
-        return GRPOTrainStep(functools.partial(forward, graphdef, remat=cfg.remat), cfg, layout=layout)
+        return GRPOTrainStep(functools.partial(forward, graphdef, remat=cfg.remat), cfg, layout=layout,
+                             completion_budget=completion_budget)
     raise ValueError(f"algorithm: must be 'grpo' or 'ppo', got {cfg.algorithm!r}")

@@ -31,7 +31,7 @@ import optax
 from learner import optimizer as optim
 from learner import sharding
 from learner.algorithms.grpo import finalize_metrics, grpo_token_loss
-from learner.algorithms.logprobs import token_logprobs_and_entropy
+from learner.algorithms.logprobs import token_logprobs, token_logprobs_and_entropy
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
 
@@ -65,15 +65,18 @@ class GRPOTrainStep:
       logits_fn: pure function (params, tokens, positions, mask) -> logits [B, T, V], e.g.
         functools.partial(learner.models.llama.forward, graphdef).
       cfg: LearnerConfig (optimizer and grpo are read).
+      completion_budget: the most tokens a completion may have (engine.max_new_tokens), the
+        divisor of the seq_sum_norm aggregation (Dr.GRPO) unless grpo.aggregation_constant is set.
       donate_state: also donate params and opt_state to `apply` (saves one copy of each in device
         memory). Only safe if nothing else holds the previous params, e.g. an in-process actor
         still sampling with the published weights; off by default for that reason.
       layout: a learner.sharding.Layout to run on a device mesh (None: one device, no shardings).
     """
 
-    def __init__(self, logits_fn: LogitsFn, cfg: LearnerConfig, *, donate_state: bool = False,
-                 layout: sharding.Layout | None = None):
+    def __init__(self, logits_fn: LogitsFn, cfg: LearnerConfig, *, completion_budget: int = 0,
+                 donate_state: bool = False, layout: sharding.Layout | None = None):
         self.cfg = cfg
+        self.completion_budget = int(completion_budget)
         self.optimizer = optim.make_optimizer(cfg.optimizer)
         self.layout = layout
         self._logits_fn = logits_fn if layout is None else layout.activations(logits_fn)
@@ -112,17 +115,20 @@ class GRPOTrainStep:
         proximal_logprobs [M, T] to the current policy's (stop-gradient) log-probs."""
         grpo = self.cfg.grpo
         logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
-        logprobs, entropy = token_logprobs_and_entropy(logits, mb.tokens, grpo.temperature)
+        if grpo.entropy_coef > 0:  # the bonus needs the exact entropy and its gradient
+            logprobs, entropy = token_logprobs_and_entropy(logits, mb.tokens, grpo.temperature)
+        else:  # no [M, T, V] softmax: the metric is the sampled estimate (entropy_sampled)
+            logprobs, entropy = token_logprobs(logits, mb.tokens, grpo.temperature), None
         return grpo_token_loss(
             logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
             entropy=entropy, proximal_logprobs=proximal_logprobs, num_sequences=num_sequences,
+            completion_budget=self.completion_budget,
         )
 
     def _proximal_impl(self, params, packed):
         mb = unpack_microbatch(packed)
         logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
-        logprobs, _ = token_logprobs_and_entropy(logits, mb.tokens, self.cfg.grpo.temperature)
-        return logprobs  # [M, T]
+        return token_logprobs(logits, mb.tokens, self.cfg.grpo.temperature)  # [M, T]
 
     def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None):
         mb = unpack_microbatch(packed)  # [M, 5T + 1] int32 -> Microbatch
@@ -224,7 +230,7 @@ class GRPOTrainStep:
           of each microbatch's gradient contribution, which is normalized by the global num_tokens;
           multiply by (num_tokens / microbatch_tokens[i])^2 for the norm of that microbatch's own
           mean gradient), microbatch_tokens (list), clip_frac, ratio_mean, is_weight_mean,
-          is_truncated_frac, entropy, logprob_diff_abs, mismatch_kl, ess, learning_rate, b1, b2,
+          is_truncated_frac, entropy_sampled, entropy (only with entropy_coef > 0), logprob_diff_abs, mismatch_kl, ess, learning_rate, b1, b2,
           eps (as used by this step), tokens, num_microbatches, step (after the update). With
           several minibatches the loss metrics and grad norms are means over them (the first
           minibatch's are the on-policy ones) and optimizer_updates says how many ran.

@@ -34,7 +34,7 @@ from learner import optimizer as optim
 from learner import sharding
 from learner.algorithms import ppo as ppo_ops
 from learner.algorithms.grpo import finalize_metrics, grpo_token_loss, token_sum
-from learner.algorithms.logprobs import token_logprobs_and_entropy
+from learner.algorithms.logprobs import token_logprobs, token_logprobs_and_entropy
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
 from learner.steps.grpo_step import _sum_squares, count_sequences, master_copy
@@ -70,10 +70,14 @@ class PPOTrainStep:
       graphdef: the policy's nnx GraphDef (the critic trunk, if separate, shares it).
       cfg: LearnerConfig (optimizer, grpo for the policy loss, ppo for the critic side).
       layout: a learner.sharding.Layout to run on a device mesh (None: one device).
+      completion_budget: engine.max_new_tokens, the divisor of the seq_sum_norm aggregation
+        unless grpo.aggregation_constant is set.
     """
 
-    def __init__(self, graphdef, cfg: LearnerConfig, layout: sharding.Layout | None = None):
+    def __init__(self, graphdef, cfg: LearnerConfig, layout: sharding.Layout | None = None, *,
+                 completion_budget: int = 0):
         self.cfg = cfg
+        self.completion_budget = int(completion_budget)
         self.graphdef = graphdef
         self.layout = layout
         self.optimizer = optim.make_optimizer(cfg.optimizer)
@@ -118,10 +122,15 @@ class PPOTrainStep:
     # ---- pure functions (traced) ----
 
     def _forward(self, params, critic_params, mb: Microbatch):
-        """(logprobs [M, T], entropy [M, T], values [M, T]) of the policy and critic."""
+        """(logprobs [M, T], entropy [M, T] or None, values [M, T]) of the policy and critic; the
+        entropy (a full [M, T, V] softmax) only when the loss has an entropy bonus."""
         hidden, model = _hidden(self.graphdef, params, mb.tokens, mb.positions, mb.mask, self.cfg.remat)
-        logprobs, entropy = token_logprobs_and_entropy(
-            model.logits(hidden), mb.tokens, self.cfg.grpo.temperature)
+        grpo = self.cfg.grpo
+        if grpo.entropy_coef > 0:
+            logprobs, entropy = token_logprobs_and_entropy(model.logits(hidden), mb.tokens,
+                                                           grpo.temperature)
+        else:
+            logprobs, entropy = token_logprobs(model.logits(hidden), mb.tokens, grpo.temperature), None
         if "trunk" in critic_params:
             hidden, _ = _hidden(self.graphdef, critic_params["trunk"], mb.tokens, mb.positions,
                                 mb.mask, self.cfg.remat)
@@ -131,8 +140,7 @@ class PPOTrainStep:
         if ref_params is None:
             return jnp.zeros(mb.tokens.shape, jnp.float32)
         hidden, model = _hidden(self.graphdef, ref_params, mb.tokens, mb.positions, mb.mask)
-        return token_logprobs_and_entropy(model.logits(hidden), mb.tokens,
-                                          self.cfg.grpo.temperature)[0]
+        return token_logprobs(model.logits(hidden), mb.tokens, self.cfg.grpo.temperature)
 
     def _prepare_impl(self, params, critic_params, ref_params, packed):
         ppo = self.cfg.ppo
@@ -161,7 +169,7 @@ class PPOTrainStep:
             adv = ppo_ops.whiten(adv, mask, adv_mean, adv_std)
         pg_loss, metrics = grpo_token_loss(
             logprobs, mb.behavior_logprobs, adv, mask, num_tokens, grpo, entropy=entropy,
-            num_sequences=num_sequences)
+            num_sequences=num_sequences, completion_budget=self.completion_budget)
         v_loss = token_sum(ppo_ops.value_loss(values, old_values, returns, ppo.value_clip),
                            mask, num_tokens)
         loss = pg_loss + ppo.value_coef * v_loss
@@ -276,7 +284,7 @@ class PPOTrainStep:
 
         Returns:
           (new state, host metrics): those of GRPOTrainStep.update (loss, pg_loss, clip_frac, ess,
-          mismatch_kl, entropy, grad_norm, microbatch_grad_norm_sq, ...) plus value_loss,
+          mismatch_kl, entropy_sampled, entropy, grad_norm, microbatch_grad_norm_sq, ...) plus value_loss,
           value_mean, return_mean, explained_variance, value_clip_frac, advantage_mean / _std
           (GAE, before whitening), kl_ref and kl_ref_start (if kl_coef > 0), critic_grad_norm.
         """

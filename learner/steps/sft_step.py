@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 from learner import sharding
-from learner.algorithms.logprobs import token_logprobs_and_entropy
+from learner.algorithms.logprobs import token_logprobs
 from learner.batching import Microbatch, empty_microbatch
 from learner.config import SFTConfig
 from learner.steps.grpo_step import LogitsFn
@@ -88,7 +88,7 @@ class SFTStep:
     def loss_fn(self, params, batch: Microbatch) -> tuple[jax.Array, dict]:
         """Mean negative log-likelihood of the answer tokens; (loss, metrics)."""
         logits = self._logits_fn(params, batch.tokens, batch.positions, batch.mask)  # [B, T, V]
-        logprobs, _ = token_logprobs_and_entropy(logits, batch.tokens)  # [B, T]
+        logprobs = token_logprobs(logits, batch.tokens)  # [B, T]
         mask = batch.loss_mask.astype(jnp.float32)  # [B, T]
         tokens = jnp.maximum(jnp.sum(mask), 1.0)
         loss = -jnp.sum(logprobs * mask) / tokens

@@ -163,3 +163,18 @@ def test_turn_limit_token_budget_and_a_crashing_environment(model):
     # a crashing environment ends the episode: reward 0, counted as env_error
     out = run_episodes(engine, params, ScriptedTask(turns=5, fail_at=2), p, jax.random.key(0))
     assert out.turns == [2] and out.scores[0].reward == 0.0 and out.scores[0].error == "env_error"
+
+
+def test_top_p_kept_mass_follows_the_episode_tokens(model):
+    # Multi-turn with top-p: the kept log-mass lines up with every token, 0 on observations.
+    cfg, graphdef, params, _ = model
+    engine = JaxEngine(cfg, graphdef, EngineConfig(max_new_tokens=4, top_p=0.7), eos_id=2, pad_id=0)
+    p = [Prompt(f"p/train/{i}", i, (1, 4 + i, 5 + i)) for i in range(2)]
+    out = generate_rollouts(engine, params, ScriptedTask(turns=3), p, jax.random.key(2))
+    assert out.kept_logmass is not None
+    for tokens, mask, kept in zip(out.tokens, out.policy_mask, out.kept_logmass):
+        assert len(kept) == len(tokens)
+        assert all(k == 0.0 for k, m in zip(kept, mask) if not m) and all(k <= 0.0 for k in kept)
+        assert any(k < 0.0 for k in kept)
+    full = JaxEngine(cfg, graphdef, EngineConfig(max_new_tokens=4), eos_id=2, pad_id=0)
+    assert generate_rollouts(full, params, ScriptedTask(turns=3), p, jax.random.key(2)).kept_logmass is None

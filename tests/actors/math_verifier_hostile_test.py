@@ -112,8 +112,7 @@ def test_actor_verifies_each_completion_once(tok, monkeypatch):
     answers = [tok.encode(str(task._records[task.record_id(p)]["answer"]).split("####")[-1].strip())
                + [tok.eos_id] for p in prompts]
     engine = ScriptedEngine([answers[0], tok.encode("7") + [tok.eos_id]])
-    actor = Actor("a", engine, task, stream, None, InProcessWeights({}, 0), None, group_size=2,
-                  prompts_per_call=2, seed=0)
+    actor = Actor("a", engine, task, None, InProcessWeights({}, 0), group_size=2, prompts_per_call=2, seed=0)
     groups = actor.step(prompts)
     assert len(calls) == 4  # 2 prompts x G=2 completions, one verification each
     assert groups[0].rewards[0] == 1.0 and groups[0].exact_match[0] is True

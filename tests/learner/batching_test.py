@@ -25,6 +25,7 @@ class Group(NamedTuple):
     policy_version: int
     actor_id: str = "actor-0"
     timings: Any = None
+    kept_logmass: Any = None
 
 
 def _group(pid, prompt, completions, rewards, version=0):
@@ -153,3 +154,22 @@ def test_pack_unpack_round_trip_is_exact():
         assert got.dtype == want.dtype and got.shape == want.shape, name
         np.testing.assert_array_equal(got.view(np.int32) if got.dtype == np.float32 else got,
                                       want.view(np.int32) if want.dtype == np.float32 else want, err_msg=name)
+
+
+@pytest.mark.parametrize("behavior", ["full", "nucleus"])
+def test_top_p_kept_mass_gives_the_truncation_kl_and_optionally_the_behavior(behavior):
+    # Group a carries the sampler's kept log-mass per token (top-p); group b does not (top_p = 1).
+    kept = [[-0.1, -0.3], [-0.05], [0.0, -0.2, -0.4]]
+    a = _group("a", [1, 5], [[7, 8], [9], [10, 11, 12]], [1.0, 0.0, 0.5])._replace(kept_logmass=kept)
+    b = _group("b", [1], [[3, 4]], [0.0])
+    cfg = dataclasses.replace(GRPOConfig(), behavior_logprobs=behavior)
+    mbs, stats = build_microbatches([a, b], seq_len=6, microbatch_size=4, pad_id=PAD, grpo_cfg=cfg)
+    # mean of -kept over the tokens that carry it (group a's 6 tokens): KL(top-p || full) per token
+    np.testing.assert_allclose(stats["truncation_kl"], (0.1 + 0.3 + 0.05 + 0.2 + 0.4) / 6, rtol=1e-6)
+    behav = np.asarray(mbs[0].behavior_logprobs)
+    for row, (lps, ks) in enumerate(zip(a.behavior_logprobs, kept)):
+        want = np.asarray(lps) - (np.asarray(ks) if behavior == "nucleus" else 0.0)
+        np.testing.assert_allclose(behav[row, 2:2 + len(lps)], want, rtol=1e-6)
+    np.testing.assert_allclose(behav[3, 1:3], b.behavior_logprobs[0], rtol=1e-6)  # no kept mass: as is
+    _, no_kept = build_microbatches([b], seq_len=6, microbatch_size=4, pad_id=PAD, grpo_cfg=cfg)
+    assert "truncation_kl" not in no_kept

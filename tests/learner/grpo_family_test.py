@@ -46,16 +46,43 @@ def np_aggregate(v, mask, mode, constant):
 @pytest.mark.parametrize("constant", [0, 10])
 def test_every_aggregation_matches_numpy_and_adds_up_over_microbatches(mode, constant):
     cfg = _cfg(correction="coupled", aggregation=mode, aggregation_constant=constant, clip_high=0.28)
+    budget = 5  # the completion budget: the longest row has 5 completion tokens
     loss, _ = grpo.grpo_token_loss(jnp.asarray(LP, jnp.float32), jnp.asarray(BLP, jnp.float32),
-                                   jnp.asarray(ADV, jnp.float32), jnp.asarray(MASK), MASK.sum(), cfg)
+                                   jnp.asarray(ADV, jnp.float32), jnp.asarray(MASK), MASK.sum(), cfg,
+                                   completion_budget=budget)
     v = np_token_values(LP, BLP, ADV, 0.2, 0.28)
-    want = -np_aggregate(v, MASK, mode, constant or T)
+    want = -np_aggregate(v, MASK, mode, constant or budget)
     np.testing.assert_allclose(float(loss), want, rtol=1e-5)
     # Two microbatches with the GLOBAL token and sequence counts add up to the full batch.
     parts = [grpo.grpo_token_loss(jnp.asarray(LP[s], jnp.float32), jnp.asarray(BLP[s], jnp.float32),
                                   jnp.asarray(ADV[s], jnp.float32), jnp.asarray(MASK[s]), MASK.sum(), cfg,
-                                  num_sequences=4.0)[0] for s in (slice(0, 1), slice(1, 4))]
+                                  num_sequences=4.0, completion_budget=budget)[0]
+             for s in (slice(0, 1), slice(1, 4))]
     np.testing.assert_allclose(float(sum(parts)), want, rtol=1e-5)
+
+
+def test_seq_sum_norm_divides_by_the_completion_budget_not_the_row():
+    # Dr.GRPO through the train step: rows of [prompt (3 tokens) | completion | padding], T = 16,
+    # engine.max_new_tokens = 8. Each sequence's token sum / 8, mean over sequences: the prompt
+    # and padding columns must not enter the divisor (T = 16 would halve the loss).
+    p = np.array([0.1, 0.2, 0.3, 0.4])
+    cfg = LearnerConfig(batch_size=4, microbatch_size=4, group_size=2, optimizer=OptimizerConfig(lr=1e-3),
+                        grpo=_cfg(scale_by_std=False, aggregation="seq_sum_norm", correction="none"))
+    completions = [[0, 1, 2], [3], [1, 1, 1, 1, 1, 1, 1, 1], [2, 3]]
+    groups = [_Group(0, completions[:2], [[-1.0] * len(c) for c in completions[:2]]),
+              _Group(1, completions[2:], [[-1.0] * len(c) for c in completions[2:]])]
+    for g in groups:
+        g.prompt_tokens = [0, 1, 2]
+        g.rewards = [1.0, 0.0]
+    mbs, stats = build_microbatches(groups, 16, 4, 0, cfg.grpo)
+    step = GRPOTrainStep(_bias_logits, cfg, completion_budget=8)
+    _, metrics = step.update(step.init({"b": jnp.asarray(np.log(p), jnp.float32)}), mbs, stats["num_tokens"])
+    adv = np.array([0.5, -0.5, 0.5, -0.5])  # r - mean, not scaled; ratio 1 ("none")
+    want = -np.sum(adv * np.array([len(c) for c in completions])) / (4 * 8)
+    np.testing.assert_allclose(metrics["pg_loss"], want, rtol=1e-6)
+    with pytest.raises(ValueError, match="aggregation_constant"):  # no budget and no constant
+        GRPOTrainStep(_bias_logits, cfg).update(
+            step.init({"b": jnp.asarray(np.log(p), jnp.float32)}), mbs, stats["num_tokens"])
 
 
 def test_aggregations_differ_as_documented():

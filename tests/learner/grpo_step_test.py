@@ -99,6 +99,39 @@ def test_accumulated_gradient_equals_full_batch_gradient():
     assert not np.allclose(np.asarray(state.params["head"]), np.asarray(params["head"]))
 
 
+def np_entropy_and_neg_logprob(params, groups):
+    """Token means over all completion tokens of the exact entropy and of -log pi(token)."""
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    ent, nlp = [], []
+    for g in groups:
+        for c in g.completion_tokens:
+            seq = list(g.prompt_tokens) + list(c)
+            for t in range(len(g.prompt_tokens), len(seq)):
+                z = np.tanh(p["embed"][seq[t - 1]] + p["pos"][t - 1]) @ p["head"]
+                logq = z - np.log(np.exp(z).sum())
+                ent.append(-np.sum(np.exp(logq) * logq))
+                nlp.append(-logq[seq[t]])
+    return np.mean(ent), np.mean(nlp)
+
+
+def test_exact_entropy_only_when_the_loss_needs_it():
+    # entropy_coef = 0 (the default): no [M, T, V] softmax, the metric is the free sampled estimate;
+    # entropy_coef > 0: the exact entropy, which the bonus differentiates.
+    params = init_params(5)
+    groups = make_groups(2, seed=6)
+    want_entropy, want_sampled = np_entropy_and_neg_logprob(params, groups)
+    for coef in (0.0, 0.01):
+        cfg = _cfg(entropy_coef=coef)
+        step = GRPOTrainStep(logits_fn, cfg)
+        mbs, stats = build_microbatches(groups, T, 4, PAD, cfg.grpo)
+        _, metrics = step.update(step.init(params), mbs, stats["num_tokens"])
+        np.testing.assert_allclose(metrics["entropy_sampled"], want_sampled, rtol=1e-5)
+        if coef:
+            np.testing.assert_allclose(metrics["entropy"], want_entropy, rtol=1e-5)
+        else:
+            assert "entropy" not in metrics  # not computed (benchmarks/entropy_bench.py: its cost)
+
+
 def test_padding_microbatch_adds_nothing():
     cfg = _cfg()
     step = GRPOTrainStep(logits_fn, cfg)

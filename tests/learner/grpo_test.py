@@ -47,10 +47,13 @@ def np_loss_and_grad(lp, blp, adv, mask, n, cfg, prox=None, entropy=None):
     a = np.asarray(adv)[:, None]
     lo, hi = 1 - cfg.clip_low, 1 + cfg.clip_high
     surr = np.minimum(r * a, np.clip(r, lo, hi) * a)
+    # Dual clip: a negative advantage's objective is floored at c * A (no gradient there).
+    dual = (a < 0) & (cfg.dual_clip * a > surr) if cfg.dual_clip > 0 else np.zeros_like(surr, bool)
+    surr = np.where(dual, cfg.dual_clip * a, surr)
     loss = -np.sum(w * surr * mask) / n
     # The unclipped branch is active unless the clipped objective is strictly smaller; its
     # derivative wrt log pi is A * r (r = exp(lp - const)); "none" has r == 1.
-    binding = np.clip(r, lo, hi) * a < r * a
+    binding = (np.clip(r, lo, hi) * a < r * a) | dual
     dsurr = np.where(binding, 0.0, a * r)
     grad = -w * dsurr * mask / n
     if entropy is not None:
@@ -99,11 +102,12 @@ LP = np.log(np.array([
     [0.5, 0.20, 0.50, 0.90],
     [0.5, 0.35, 0.25, 0.05],
 ]))
-# Behavior log-probs: ratios pi/pi_behav of 1.5 (above 1 + clip_high), 0.5 (below 1 - clip_low), 1.1.
+# Behavior log-probs: ratios pi/pi_behav of 1.5 (above 1 + clip_high), 0.5 (below 1 - clip_low), 1.1,
+# and 4.0 with a negative advantage (above the dual clip 3).
 BLP = LP - np.log(np.array([
     [1.0, 1.5, 0.5, 1.1],
     [1.0, 0.5, 1.5, 1.1],
-    [1.0, 1.5, 0.5, 3.0],
+    [1.0, 1.5, 0.5, 4.0],
     [1.0, 0.5, 1.1, 9.0],
 ]))
 ADV = np.array([1.0, -1.0, -0.5, 2.0])  # both signs meet both clip sides
@@ -148,20 +152,60 @@ def test_coupled_clips_both_sides_and_leaves_the_other_sides():
     np.testing.assert_allclose(float(loss), -1.28, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dual_clip", [3.0, 0.0])
+def test_dual_clip_bounds_negative_advantages_against_numpy(dual_clip):
+    # Stale tokens the learner now likes far more than the sampler did: ratios e^5 and e^15 (and
+    # 2.5, inside the dual clip) with negative advantages, one ratio e^5 with a positive one.
+    lp = np.log(np.full((3, 4), 0.5))
+    blp = lp - np.array([[0.0, 5.0, 15.0, np.log(2.5)],
+                         [0.0, 5.0, 0.1, 0.0],
+                         [0.0, 5.0, 15.0, 0.0]])
+    adv = np.array([-1.0, 2.0, -0.5])
+    mask = np.array([[0, 1, 1, 1], [0, 1, 1, 1], [0, 1, 1, 0]], np.float32)
+    n = float(mask.sum())
+    cfg = _cfg(correction="coupled", dual_clip=dual_clip)
+    (loss, metrics), grad = jax.value_and_grad(
+        lambda x: _jax_loss(cfg, lp=x, blp=blp, adv=adv, mask=mask, n=n), has_aux=True)(
+        jnp.asarray(lp, jnp.float32))
+    ref_loss, ref_grad, binding = np_loss_and_grad(lp, blp, adv, mask, n, cfg)
+    np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), ref_grad, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(float(metrics["clip_frac"]), np.sum(binding * mask) / n, atol=1e-7)
+    grad = np.asarray(grad)
+    if dual_clip:
+        # Hand values: each silenced token contributes -c * A / n to the loss and no gradient;
+        # r = 2.5 < c keeps its gradient -r A / n; the positive advantage is clipped at 1.2 as before.
+        assert grad[0, 1] == 0.0 and grad[0, 2] == 0.0 and grad[2, 1] == 0.0 and grad[2, 2] == 0.0
+        np.testing.assert_allclose(grad[0, 3], -2.5 * -1.0 / n, rtol=1e-5)
+        want = -(3 * -1.0 * 2 + 2.5 * -1.0 + 1.2 * 2.0 + np.exp(0.1) * 2.0 + 2.0 + 3 * -0.5 * 2) / n
+        np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+        np.testing.assert_allclose(float(metrics["dual_clip_frac"]), 4 / n, rtol=1e-6)
+    else:  # without it the e^15 token alone outweighs the whole batch
+        assert abs(grad[0, 2]) > 1e6 * abs(grad[0, 3])
+        assert float(metrics["dual_clip_frac"]) == 0.0
+
+
+def test_dual_clip_must_sit_above_the_upper_clip():
+    with pytest.raises(ValueError, match="dual_clip"):
+        _cfg(dual_clip=1.1, clip_high=0.28).validate()
+    _cfg(dual_clip=0.0).validate()
+    _cfg(dual_clip=3.0, clip_high=0.28).validate()
+
+
 def test_decoupled_ratio_is_one_and_weight_is_truncated():
     cfg = _cfg(correction="decoupled", is_cap=2.0)
     (loss, metrics), grad = jax.value_and_grad(
         lambda lp: _jax_loss(cfg, lp=lp), has_aux=True)(jnp.asarray(LP, jnp.float32))
     # One step per batch: the proximal policy is the current one, so no token is clipped and the
-    # gradient is -w A / N with w = min(pi / pi_behav, 2): row 2 col 3 has pi/pi_behav = 3 -> 2.
+    # gradient is -w A / N with w = min(pi / pi_behav, 2): row 2 col 3 has pi/pi_behav = 4 -> 2.
     assert float(metrics["clip_frac"]) == 0.0
     np.testing.assert_allclose(float(metrics["ratio_mean"]), 1.0, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(grad)[2, 3], -2.0 * -0.5 / N, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(grad)[0, 1], -1.5 * 1.0 / N, rtol=1e-5)
     np.testing.assert_allclose(float(metrics["is_truncated_frac"]), 1.0 / N, rtol=1e-6)  # row 3 col 3 is padding
-    # Without the cap the weight 3 is used as is.
-    grad_uncapped = jax.grad(lambda lp: _jax_loss(_cfg(is_cap=0.0), lp=lp)[0])(jnp.asarray(LP, jnp.float32))
-    np.testing.assert_allclose(np.asarray(grad_uncapped)[2, 3], -3.0 * -0.5 / N, rtol=1e-5)
+    # Without the cap the weight 4 is used as is.
+    grad_uncapped = jax.grad(lambda lp: _jax_loss(_cfg(correction="decoupled", is_cap=0.0), lp=lp)[0])(jnp.asarray(LP, jnp.float32))
+    np.testing.assert_allclose(np.asarray(grad_uncapped)[2, 3], -4.0 * -0.5 / N, rtol=1e-5)
 
 
 def test_decoupled_with_proximal_policy_clips_around_it():

@@ -60,3 +60,25 @@ def test_config_errors_name_the_problem(ckpt, tmp_path):
     with pytest.raises(ConfigError, match="task.path: "):
         load_config(overrides=[f"model.path={ckpt}", "task.name=jsonl", f"task.path={tmp_path}/none.jsonl",
                                "task.heldout_size=2"])
+
+
+def test_pretrained_checkpoint_gets_pretrained_defaults_with_a_note(ckpt, tmp_path, capsys):
+    # The tiny model's defaults (30 warm-up steps at 3e-3, RL at 1e-3) would wreck a pretrained model.
+    notes = []
+    cfg = load_config(overrides=[f"model.path={ckpt}"], notes=notes)
+    assert cfg.learner.sft.steps == 0 and cfg.learner.optimizer.lr == 1e-6
+    assert cfg.learner.ppo.critic_lr == 1e-5
+    assert len(notes) == 1 and "learner.optimizer.lr=1e-06" in notes[0] and "learner.sft.steps=0" in notes[0]
+    # What the user set stays as set (an explicit warm-up gets a pretrained-sized warm-up lr).
+    f = tmp_path / "c.yaml"
+    f.write_text("learner:\n  optimizer:\n    lr: 3.0e-6\n")
+    notes = []
+    cfg = load_config([str(f)], [f"model.path={ckpt}", "learner.sft.steps=4"], notes=notes)
+    assert cfg.learner.optimizer.lr == 3e-6 and cfg.learner.sft.steps == 4 and cfg.learner.sft.lr == 1e-5
+    assert "learner.optimizer.lr" not in notes[0] and "learner.sft.steps" not in notes[0].split(":")[1].split("(")[0]
+    # Without model.path nothing changes, and the CLI says what it chose.
+    assert load_config().learner.optimizer.lr == 1e-3 and load_config().learner.sft.steps == 30
+    from launch.cli import main
+    assert main(["train", "--print-config", f"model.path={ckpt}"]) == 0
+    out, err = capsys.readouterr()
+    assert "cadence: note: model.path is a pretrained checkpoint" in err and "lr: 1.0e-06" in out

@@ -74,7 +74,7 @@ def test_value_loss_falls_and_reference_stays_frozen(model):
     for a, b in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert jax.tree.structure(state.params) == jax.tree.structure(params)  # publishable as is
-    for key in ("ess", "clip_frac", "mismatch_kl", "entropy", "grad_norm", "critic_grad_norm",
+    for key in ("ess", "clip_frac", "mismatch_kl", "entropy_sampled", "grad_norm", "critic_grad_norm",
                 "explained_variance"):
         assert np.isfinite(history[-1][key]), key
 

@@ -45,7 +45,8 @@ def make_group(**overrides) -> RolloutGroup:
 
 
 def test_valid_group_keeps_its_fields():
-    group = make_group(exact_match=[True, False])
+    group = make_group(exact_match=[True, False], kept_logmass=[[-0.1, 0.0], [0.0, -0.2, -0.05]])
+    assert group.kept_logmass[1] == [0.0, -0.2, -0.05] and make_group().kept_logmass is None
     assert group.group_size == 2
     assert group.completion_tokens[1] == [3, 4, 2]
     assert group.exact_match == [True, False]
@@ -75,6 +76,10 @@ def test_valid_group_keeps_its_fields():
         ({"rewards": [1.0, math.inf]}, "rewards[1]: must be finite, got inf"),
         ({"policy_version": -1}, "policy_version: must be >= 0, got -1"),
         ({"prompt_id": ""}, "prompt_id: must be non-empty"),
+        ({"kept_logmass": [[-0.1, 0.0]]}, "kept_logmass: has 1 entries for 2 completions in completion_tokens"),
+        ({"kept_logmass": [[-0.1, 0.0], [0.0, -0.2]]},
+         "kept_logmass[1]: has 2 values for 3 tokens in completion_tokens[1]"),
+        ({"kept_logmass": [[-0.1, math.nan], [0.0, -0.2, 0.0]]}, "kept_logmass[0]: must be finite"),
     ],
 )
 def test_inconsistent_group_is_rejected_naming_field_and_index(overrides, expected):
