@@ -281,7 +281,7 @@ class Llama(nnx.Module):
         remat ("none", "block", "full"; ignored with a cache) rematerialises each decoder block in
         the backward pass (see _run_block)."""
         t = tokens.shape[1]
-        x = constrain(self.embed_tokens(tokens), _RESIDUAL)  # [B, T, D]
+        x = constrain(jnp.take(self._embedding_table(), tokens, axis=0), _RESIDUAL)  # [B, T, D]
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta,
                                 rope_inv_freq(self.cfg))  # a constant XLA folds
         if cache is None:
@@ -309,10 +309,18 @@ class Llama(nnx.Module):
             cache = KVCache(tuple(new_k), tuple(new_v), key_mask, start + t)
         return self.norm(x), cache
 
+    def _embedding_table(self) -> jax.Array:
+        """The token embeddings in the compute dtype, whole along embed on every device that uses
+        them (FSDP gathers a weight before use; left split, the lookup's gradient would reshard the
+        activations instead). What nnx.Embed's __call__ and attend compute, with that layout."""
+        table = self.embed_tokens.embedding[...].astype(_dtype(self.cfg.compute_dtype))
+        return constrain(table, ("vocab", None))
+
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., D] -> float32 logits [..., V] (tied: hidden @ embed_tokens.T)."""
         if self.cfg.tie_embeddings:
-            out = self.embed_tokens.attend(hidden)
+            table = self._embedding_table()
+            out = jnp.dot(hidden.astype(table.dtype), table.T)
         else:
             out = self.lm_head(hidden)
         if out.ndim == 3:
