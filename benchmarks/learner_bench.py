@@ -147,6 +147,8 @@ def main() -> None:
     # Cadence's host side; ours / it is what Cadence adds, bare / it what microbatching costs.
     bare_mb = None
     if layout is not None:
+        tx, n_dev = step.optimizer, layout.scalar(num_tokens)
+        bare_state = {"p": params, "o": step.init(params).opt_state}
         mb_dev = [type(mb)(*layout.put_batch([np.asarray(x) for x in mb])) for mb in microbatches]
         rows = type(full)(*([layout.batch] * len(full)))
         p, o = layout.params, layout.opt_state(tx)
@@ -157,7 +159,7 @@ def main() -> None:
         apply_mb = jax.jit(lambda params, opt_state, g: (lambda u: (optax.apply_updates(params, u[0]), u[1]))(
             tx.update(g, opt_state, params)), in_shardings=(p, o, p), out_shardings=(p, o), donate_argnums=(2,))
 
-        def bare_mb():
+        def bare_mb():  # noqa: F811 (None above when there is no mesh)
             g = zeros(bare_state["p"])
             for mb in mb_dev:
                 g = grad_mb(bare_state["p"], g, mb, n_dev)
