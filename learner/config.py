@@ -284,6 +284,9 @@ class LearnerConfig:
         _check_choice("remat", self.remat, ("none", "block", "full"))
         if self.processes < 1:
             raise ValueError(f"processes: must be >= 1, got {self.processes}")
+        if self.processes > 1 and (self.distributed.coordinator or self.distributed.auto_detect):
+            raise ValueError("processes: starts a local group; leave it at 1 when learner.distributed "
+                             "describes the group (one process per host)")
         for key in ("optimizer", "grpo", "ppo", "sft", "mesh", "distributed"):
             try:
                 getattr(self, key).validate()

@@ -20,6 +20,7 @@ import math
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -252,12 +253,15 @@ def tree_bytes(tree) -> int:
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def gather(tree, layout: Layout | None):
-    """The arrays whole on this process's first device (what the built-in engine and exports use).
+def gather(tree, layout: Layout | None, dtype: str | None = None):
+    """The arrays whole on this process's first device (what the built-in engine and exports use),
+    cast to dtype if given (float32 master weights published as the model's bfloat16).
 
     One device: unchanged. Several devices of one process: a device-to-device copy. Several
-    processes: a collective every process must join in the same order (see learner/multihost.py).
+    processes: a collective every process must join in the same order (learner/leader.py).
     """
+    if dtype is not None:
+        tree = jax.tree.map(lambda x: x.astype(dtype) if x.dtype != jnp.dtype(dtype) else x, tree)
     if layout is None:
         return tree
     if all(x.is_fully_addressable for x in jax.tree.leaves(tree)):
