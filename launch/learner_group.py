@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from launch.config_loader import ConfigError
 from learner import multihost, sharding
 from learner.leader import Follower, Leader
 from learner.models.llama import abstract_params
@@ -96,15 +97,18 @@ class LearnerProcesses:
     def start(cls, cfg, model_cfg) -> "LearnerProcesses":
         """Joins the group (before any JAX work) and lays the model out on the mesh.
 
-        Raises ValueError naming the config key that does not fit the mesh."""
-        group = multihost.join(cfg.learner.distributed)
-        _, abstract = abstract_params(model_cfg)
-        layout = sharding.make_layout(cfg.learner.mesh, abstract)
+        Raises ConfigError naming the key of a group or mesh that does not fit the devices."""
+        try:
+            group = multihost.join(cfg.learner.distributed)
+            _, abstract = abstract_params(model_cfg)
+            layout = sharding.make_layout(cfg.learner.mesh, abstract)
+        except ValueError as e:  # their messages name the key
+            raise ConfigError(str(e)) from None
         if layout is not None:
             for key, rows in (("learner.microbatch_size", cfg.learner.microbatch_size),
                               ("learner.sft.batch_size", cfg.learner.sft.batch_size)):
                 if rows % layout.rows:
-                    raise ValueError(f"{key}: {rows} rows do not split over data x fsdp = {layout.rows} devices")
+                    raise ConfigError(f"{key}: {rows} rows do not split over data x fsdp = {layout.rows} devices")
         out_dtype = model_cfg.param_dtype if cfg.learner.master_weights else None
         return cls(group, layout, out_dtype)
 

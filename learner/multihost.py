@@ -98,10 +98,10 @@ def encode(command: str, meta: dict, arrays: dict[str, np.ndarray]) -> np.ndarra
     """(command, JSON-able meta, named arrays) -> int32 words: [header length][JSON][array bytes]."""
     specs, chunks, offset = [], [], 0
     for name, value in arrays.items():
-        value = np.ascontiguousarray(value)
+        value = np.asarray(value)  # (ascontiguousarray would make a 0-d array 1-d)
         if value.dtype.name not in _DTYPES:
             raise TypeError(f"channel: array {name!r} has dtype {value.dtype} (allowed: {sorted(_DTYPES)})")
-        raw = value.tobytes()
+        raw = value.tobytes(order="C")
         specs.append([name, value.dtype.name, list(value.shape), offset])
         chunks.append(raw + b"\0" * (-len(raw) % 4))
         offset += len(chunks[-1])
