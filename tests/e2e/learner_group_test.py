@@ -32,7 +32,7 @@ def test_two_processes_equal_one_in_sync_mode_and_resume_on_one(tmp_path):
     assert r2.returncode == 0, r2.stderr[-3000:]
     summary = json.loads(r2.stdout.strip().splitlines()[-1])  # process 0's; the follower prints nothing
     assert summary["steps"] == 5 and summary["run_dir"] == two
-    rows1, rows2 = read_metrics(os.path.join(one, "metrics.jsonl")), read_metrics(os.path.join(two, "metrics.jsonl"))
+    rows1, rows2 = read_metrics(one), read_metrics(two)
     assert [r["step"] for r in rows2] == [r["step"] for r in rows1] == list(range(6))
     for a, b in zip(rows1, rows2):  # the same samples, the same updates (float sums in another order)
         for key in COMPARED:
@@ -43,7 +43,7 @@ def test_two_processes_equal_one_in_sync_mode_and_resume_on_one(tmp_path):
     # The checkpoint written by both processes (params and Adam split over them) resumes on one.
     r3 = cadence("--resume", f"run.dir={two}", "learner.processes=1", "run.steps=7")
     assert r3.returncode == 0, r3.stderr[-3000:]
-    rows = read_metrics(os.path.join(two, "metrics.jsonl"))
+    rows = read_metrics(two)
     assert [r["step"] for r in rows] == list(range(8))
     assert all(np.isfinite(r["loss"]) for r in rows[1:])
 
