@@ -63,16 +63,16 @@ def main(out_dir: str) -> None:
     layout = sharding.make_layout(CFG.mesh, abstract)
     graphdef, params = llama.init_params(MODEL, 0, layout.params)
     step = make_train_step(graphdef, CFG, layout)
-    state = step.init(params)
     ckpt = Checkpointer(os.path.join(out_dir, "ckpt"), CheckpointConfig(async_save=False))
     result = {"process": group.process_id}
     if not group.is_leader:
-        follower = Follower(group, layout, step, state, ckpt, arrays_of)
+        follower = Follower(group, layout, step, params, ckpt, arrays_of)
         final = follower.run()
         result.update(steps=int(final.step), held=sorted(follower.held), commands=follower.channel.commands)
     else:
-        lead = Leader(group, layout, state.params)
+        lead = Leader(group, layout, params)
         leader_step = lead.wrap_step(step)
+        state = leader_step.init(params)
         # single-device reference, from the same initial params
         plain = make_train_step(graphdef, CFG)
         ref = plain.init(lead.gather(state.params))
