@@ -130,7 +130,7 @@ class LearnerProcesses:
     def publisher(self, whole: bool) -> Callable[[Any], Any]:
         """What the learner loop publishes to actors: whole params (built-in engine, actor
         processes), or the learner's own (an SGLang sync fetches a bucket at a time)."""
-        if self.layout is None or not whole:
+        if not whole or (self.layout is None and self.out_dtype is None):
             return lambda params: params
         return self.gather
 
@@ -143,8 +143,8 @@ class LearnerProcesses:
     def fetch(self, arrays: list) -> list:
         """Some param arrays whole on this process (an export shard, a weight-sync bucket)."""
         if self.leader is not None:
-            return self.leader.fetch(arrays)
-        return sharding.gather(list(arrays), self.layout)
+            return self.leader.fetch(arrays, self.out_dtype)
+        return sharding.gather(list(arrays), self.layout, self.out_dtype)
 
     def save_params(self, run_dir: str, params, save: Callable[[str, Any], None]) -> None:
         """The final params, every process writing its shards (orbax)."""
@@ -167,6 +167,7 @@ class LearnerProcesses:
         try:
             final = follower.run()
         finally:
-            checkpointer.close()
+            if not follower.checkpointer_closed:
+                checkpointer.close()
         return {"process_id": self.group.process_id, "steps": int(final.step),
                 "commands": follower.channel.commands}

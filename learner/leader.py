@@ -83,17 +83,17 @@ class Leader:
             self.send("gather", {"gen": self.generation(params), "dtype": dtype})
             return sharding.gather(params, self.layout, dtype)
 
-    def fetch(self, arrays: list) -> list:
+    def fetch(self, arrays: list, dtype: str | None = None) -> list:
         """Some leaves of one params generation, whole on this process (a bucket of a weight
         sync, a shard of an export): never more of the model than asked for."""
         if all(x.is_fully_addressable for x in arrays):
-            return sharding.gather(list(arrays), self.layout)
+            return sharding.gather(list(arrays), self.layout, dtype)
         where = [self._leaf_of.get(id(x)) for x in arrays]
         if None in where or len({gen for gen, _ in where}) != 1:
             raise ValueError("fetch: arrays must be leaves of one params generation of this learner")
         with self.lock:
-            self.send("fetch", {"gen": where[0][0], "leaves": [i for _, i in where]})
-            return sharding.gather(list(arrays), self.layout)
+            self.send("fetch", {"gen": where[0][0], "leaves": [i for _, i in where], "dtype": dtype})
+            return sharding.gather(list(arrays), self.layout, dtype)
 
     def call(self, name: str, fn: Callable[[], Any], meta: dict | None = None, params=None) -> Any:
         """Runs fn here and the follower's handler `name` there (e.g. saving the final params)."""
@@ -155,13 +155,22 @@ class _LeaderSFT(_Wrapped):
 
 
 class _LeaderCheckpointer(_Wrapped):
-    """Every process writes its shards (orbax); only process 0's metadata is written."""
+    """Every process writes its shards (orbax); only process 0's metadata is written.
+
+    Saves are synchronous here: orbax's multi-host save and step discovery run device collectives
+    (broadcasts) of their own, which must not interleave with training's on another thread.
+    """
 
     def save(self, step: int, arrays, meta: dict, *, wait: bool = False) -> None:
         lead = self._leader
         with lead.lock:
-            lead.send("save", {"step": int(step), "wait": bool(wait), "gen": lead.generation(arrays["params"])})
-            self._inner.save(step, arrays, meta, wait=wait)
+            lead.send("save", {"step": int(step), "gen": lead.generation(arrays["params"])})
+            self._inner.save(step, arrays, meta, wait=True)
+
+    def close(self) -> None:
+        with self._leader.lock:
+            self._leader.send("close_checkpointer")
+            self._inner.close()
 
     def restore_latest(self, template):
         lead = self._leader
@@ -195,6 +204,7 @@ class Follower:
         self.held: dict[int, Any] = {}  # params generation -> params, until process 0 releases it
         self._gen = -1
         self._sft: list = []  # [params, opt_state] of a warm-up in progress
+        self.checkpointer_closed = False
         self._hold(params)
 
     def _hold(self, params) -> None:
@@ -254,7 +264,11 @@ class Follower:
 
     def _on_save(self, meta, arrays):
         state = self._with_params(meta["gen"])
-        self.checkpointer.save(meta["step"], self.arrays_of(state), {}, wait=meta["wait"])
+        self.checkpointer.save(meta["step"], self.arrays_of(state), {}, wait=True)
+
+    def _on_close_checkpointer(self, meta, arrays):
+        self.checkpointer.close()
+        self.checkpointer_closed = True
 
     def _on_restore(self, meta, arrays):
         out = self.checkpointer.restore_latest(self.arrays_of(self.state))
@@ -268,7 +282,7 @@ class Follower:
 
     def _on_fetch(self, meta, arrays):
         leaves = _leaves(self._params(meta["gen"]))
-        sharding.gather([leaves[i] for i in meta["leaves"]], self.layout)
+        sharding.gather([leaves[i] for i in meta["leaves"]], self.layout, meta.get("dtype"))
 
     def _on_call(self, meta, arrays):
         gen = meta.get("gen")

@@ -56,3 +56,11 @@ def test_two_processes_learn_sort6(tmp_path):
     summary = json.loads(open(os.path.join(run, "summary.json")).read())
     assert summary["target_reached_at"] is not None, summary
     assert summary["final_eval"]["eval/exact_match"] >= 0.5
+
+
+def test_a_group_that_cannot_start_exits_nonzero_naming_the_key(tmp_path):
+    # 3 tensor-parallel devices do not divide the group's 2: every process fails at start, none hangs
+    r = cadence("learner.processes=2", "learner.mesh.tensor=3", "learner.mesh.fsdp=1",
+                f"run.dir={tmp_path / 'run'}", timeout=600)
+    assert r.returncode != 0
+    assert "learner.mesh" in r.stderr
