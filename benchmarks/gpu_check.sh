@@ -24,6 +24,12 @@
 #   4. gloo on the same GPU tensors, only if (1) failed
 #   5. engine_bench, learner_bench (JAX on the GPU vs bare jitted loops)
 #   6. time to held-out exact match 0.5 of the default `cadence train` (one seed)
+#   7. the sharded learner at real sizes (benchmarks/learner_scale_bench.py): GRPO updates of 0.5B-
+#      and 1.5B-parameter Llama-shaped models, random init, bf16 params and matmuls, float32 Adam
+#      moments, remat; tokens/s, MFU and peak memory vs a bare jitted step (written without a GPU:
+#      not yet run on one)
+# PARTS="wsync_nccl_1b_bf16 learner_scale" runs only the named parts (default: all): the parts that
+# have not run on a GPU yet are `PARTS="wsync_nccl_1b_bf16 learner_scale_0.5b learner_scale_1.5b"`.
 # SGL_DEVICE=cpu runs part 4's server on the CPU (a dry run of this script's flow on a CPU machine).
 # Parts stop being started once DEADLINE_S seconds (default 540) have passed, and each is cut at it.
 set -uo pipefail
@@ -38,9 +44,13 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 
 END=$(( $(date +%s) + ${DEADLINE_S:-540} ))
+PARTS="${PARTS:-all}"
 part() {  # part NAME SECONDS CMD...: runs CMD with a limit, appends its output to $OUT/parts.log
   local name=$1 limit=$2 rc log left
   shift 2
+  if [ "$PARTS" != all ] && [[ " $PARTS " != *" $name "* ]] && [[ " $PARTS " != *" ${name%_*} "* ]]; then
+    return 0  # not asked for
+  fi
   left=$(( END - $(date +%s) ))
   if [ $left -lt 30 ]; then
     echo "== $name skipped: the deadline is near"
@@ -71,7 +81,7 @@ WS=benchmarks/weight_sync_bench.py
 part wsync_nccl_1b_bf16 180 "$PY" $WS --backend nccl --preset llama-1b --dist-dtype bfloat16 --receiver-dtype bfloat16 \
   --bucket-mb 512 --repeats 3 --kl
 nccl_rc=$?
-if compgen -G ".whl-sgljax/*.whl" >/dev/null \
+if { [ "$PARTS" = all ] || [[ " $PARTS " == *" sglang_jax_gpu "* ]]; } && compgen -G ".whl-sgljax/*.whl" >/dev/null \
   && "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/sgl-site \
        .whl-sgljax/*.whl; then
   # The server's JAX takes a fifth of the GPU (the default 75% would starve this process and torch).
@@ -93,4 +103,10 @@ fi
 part engine_bench 120 "$PY" benchmarks/engine_bench.py --repeats 9
 part learner_bench 120 "$PY" benchmarks/learner_bench.py --repeats 9
 part time_to_target 200 "$PY" benchmarks/time_to_target.py --seeds 0 --setups default
+# 0.5B: 32 x 1024 tokens per update in microbatches of 8, remat keeping matmul outputs; 1.5B: the
+# same tokens in microbatches of 4, remat keeping only block inputs. Peak memory is JAX's own count.
+part learner_scale_0.5b 150 "$PY" benchmarks/learner_scale_bench.py --preset 0.5b --seq-len 1024 --batch 32 \
+  --microbatch 8 --remat block --repeats 5
+part learner_scale_1.5b 210 "$PY" benchmarks/learner_scale_bench.py --preset 1.5b --seq-len 1024 --batch 32 \
+  --microbatch 4 --remat full --repeats 5
 echo "== done ($(date +%T))"

@@ -8,6 +8,11 @@ block_until_ready. Ours: GRPOTrainStep.update on the host microbatches from buil
 device copies, 4 accumulate calls, apply, fetching the metrics). Both after warm-up; each figure is
 the median over repeats. tokens are all B x T sequence tokens the step processes.
 Prints one JSON line. Run: `.venv/bin/python benchmarks/learner_bench.py [--repeats 15] [--inner 5]`.
+
+Sharded (`--devices 4 --fsdp 2 --tensor 2`, CPU devices made by XLA): both sides run on the same
+mesh; ours is GRPOTrainStep with the learner's Layout (params and Adam split by the logical-axis
+rules, microbatch rows over data x fsdp), the bare step is one jax.jit with the same in/out
+shardings over the whole batch. `--model` picks a larger model for it (default: the 127k one).
 """
 
 from __future__ import annotations
@@ -24,12 +29,27 @@ import jax
 import numpy as np
 import optax
 
+
+def _devices_from_argv() -> int:
+    # XLA fixes the CPU device count when JAX starts: read --devices before anything touches it.
+    for i, arg in enumerate(sys.argv):
+        if arg == "--devices" and i + 1 < len(sys.argv):
+            return int(sys.argv[i + 1])
+        if arg.startswith("--devices="):
+            return int(arg.split("=", 1)[1])
+    return 1
+
+
+if _devices_from_argv() > 1:
+    jax.config.update("jax_num_cpu_devices", _devices_from_argv())
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench_timing import median_seconds  # noqa: E402  (benchmarks/ is the script's own dir)
 
+from learner import sharding  # noqa: E402
 from learner.batching import build_microbatches  # noqa: E402
-from learner.config import LearnerConfig  # noqa: E402
+from learner.config import LearnerConfig, MeshConfig  # noqa: E402
 from learner.models import llama  # noqa: E402
 from learner.models.config import ModelConfig  # noqa: E402
 from learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
@@ -57,14 +77,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="timed repeats (median reported)")
     parser.add_argument("--inner", type=int, default=5, help="updates per timed repeat")
+    parser.add_argument("--devices", type=int, default=1, help="CPU devices (> 1: a sharded mesh)")
+    parser.add_argument("--data", type=int, default=1, help="mesh data axis")
+    parser.add_argument("--fsdp", type=int, default=-1, help="mesh fsdp axis (-1: the rest)")
+    parser.add_argument("--tensor", type=int, default=1, help="mesh tensor axis")
+    parser.add_argument("--model", choices=["tiny", "small"], default="tiny",
+                        help="tiny: the default 127k model; small: d256 x 4 layers, vocab 256 (3.7M)")
     args = parser.parse_args()
 
-    mcfg = ModelConfig()
-    graphdef, params = llama.init_params(mcfg, 0)
-    cfg = LearnerConfig(batch_size=BATCH, microbatch_size=MICROBATCH, group_size=GROUP)
+    mcfg = ModelConfig() if args.model == "tiny" else ModelConfig(
+        vocab_size=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=1024)
+    mesh_cfg = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
+    _, abstract = llama.abstract_params(mcfg)
+    layout = sharding.make_layout(mesh_cfg, abstract)  # None on one device: the plain program
+    graphdef, params = llama.init_params(mcfg, 0, None if layout is None else layout.params)
+    cfg = LearnerConfig(batch_size=BATCH, microbatch_size=MICROBATCH, group_size=GROUP, mesh=mesh_cfg)
     cfg.validate()
     logits_fn = functools.partial(llama.forward, graphdef)
-    step = GRPOTrainStep(logits_fn, cfg)
+    step = GRPOTrainStep(logits_fn, cfg, layout=layout)
 
     groups = make_groups(mcfg.vocab_size)
     t0 = time.perf_counter()
@@ -82,15 +112,22 @@ def main() -> None:
     # Bare: one jitted step over the whole batch on the device.
     tx = step.optimizer
 
-    @jax.jit
-    def bare_step(params, opt_state, batch, n):
+    def bare_impl(params, opt_state, batch, n):
         (_, _), grads = jax.value_and_grad(step.loss_fn, has_aux=True)(params, batch, n)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    bare_state = {"p": params, "o": tx.init(params)}
-    full_dev = jax.device_put(full)
-    n_dev = jax.device_put(np.float32(num_tokens))
+    if layout is None:
+        bare_step = jax.jit(bare_impl)
+        full_dev = jax.device_put(full)
+        n_dev = jax.device_put(np.float32(num_tokens))
+    else:  # the same mesh, shardings and activation constraints, one program for the whole batch
+        p, o = layout.params, layout.opt_state(tx)
+        rows = type(full)(*([layout.batch] * len(full)))
+        bare_step = jax.jit(bare_impl, in_shardings=(p, o, rows, layout.replicated), out_shardings=(p, o))
+        full_dev = type(full)(*layout.put_batch([np.asarray(x) for x in full]))
+        n_dev = layout.scalar(num_tokens)
+    bare_state = {"p": params, "o": step.init(params).opt_state}
 
     def bare():
         bare_state["p"], bare_state["o"] = bare_step(bare_state["p"], bare_state["o"], full_dev, n_dev)
@@ -105,7 +142,8 @@ def main() -> None:
     tokens = BATCH * SEQ_LEN
     print(json.dumps({
         "bench": "learner_update",
-        "device": jax.devices()[0].device_kind,
+        "device": jax.devices()[0].device_kind, "devices": len(jax.devices()),
+        "mesh": None if layout is None else dict(layout.mesh.shape),
         "model_params": llama.count_params(params),
         "batch": BATCH, "microbatch": MICROBATCH, "seq_len": SEQ_LEN,
         "tokens_per_update": tokens, "completion_tokens_per_update": num_tokens,

@@ -87,6 +87,13 @@ def cmd_train(args) -> int:
     if args.print_config:
         yaml.safe_dump(to_dict(cfg), sys.stdout, sort_keys=False)
         return 0
+    if cfg.learner.processes > 1 and "CADENCE_PROCESS_ID" not in os.environ:  # [sharded learner]
+        from launch import artifacts
+        from launch.learner_group import run_local_group
+
+        train_args = [a for f in args.config for a in ("--config", f)] + ["--resume"] * args.resume
+        run_dir = os.path.abspath(cfg.run.dir or artifacts.default_run_dir(cfg))
+        return run_local_group(train_args + list(args.overrides), cfg.learner.processes, run_dir)
     from launch.run_state import RunFinished
     from launch.train import train
     from learner.checkpoint import CheckpointError

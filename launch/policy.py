@@ -42,14 +42,19 @@ def resolve_model_config(model_cfg: ModelConfig) -> ModelConfig:
     return model_cfg
 
 
-def build_policy(cfg) -> Policy:
-    """cfg: the whole launch Config (model section plus the learner's init seed)."""
+def build_policy(cfg, layout=None) -> Policy:
+    """cfg: the whole launch Config (model section plus the learner's init seed).
+
+    layout: a learner.sharding.Layout: the params come out on its mesh (a random init is built
+    shard by shard on the devices; a checkpoint is read by every process and placed).
+    """
     if cfg.model.path:
         from learner.models.hf_load import load_checkpoint
 
         model_cfg, graphdef, params = load_checkpoint(cfg.model.path, cfg.model)
+        params = params if layout is None else layout.place(params)
         return Policy(model_cfg, graphdef, params, load_tokenizer(model_cfg))
-    graphdef, params = init_params(cfg.model, cfg.learner.seed)
+    graphdef, params = init_params(cfg.model, cfg.learner.seed, None if layout is None else layout.params)
     return Policy(cfg.model, graphdef, params, CharTokenizer())
 
 

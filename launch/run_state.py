@@ -17,7 +17,9 @@ from launch.metrics import Clock
 from protocols.ledger import SampleLedger
 
 # Dotted prefixes that a resumed run must share with the run it continues.
-FROZEN_PREFIXES = ("model.", "task.", "learner.group_size", "learner.seed", "engine.max_new_tokens")
+# (learner.mesh and learner.processes may change: a checkpoint reshards onto the new layout.)
+FROZEN_PREFIXES = ("model.", "task.", "learner.group_size", "learner.seed", "engine.max_new_tokens",
+                   "learner.master_weights")
 
 
 class RunFinished(RuntimeError):

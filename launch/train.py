@@ -26,10 +26,11 @@ from actors.tasks.base import make_task
 from launch import artifacts, run_state
 from launch.config_loader import to_dict
 from launch.config import Config, seq_len as config_seq_len
+from launch.learner_group import LearnerProcesses  # [sharded learner]
 from launch.lifecycle import Lifecycle
 from launch.metrics import MetricsWriter, Progress
 from launch.pipeline import Pipeline
-from launch.policy import build_policy, export_policy
+from launch.policy import build_policy, export_policy, resolve_model_config
 from launch.recorder import Recorder, arrays_of
 from learner.checkpoint import Checkpointer
 from learner.controller import make_controller
@@ -54,12 +55,13 @@ def evaluate(engine: JaxEngine, task, params, prompts=None) -> dict:
 
 
 def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_len: int, pad_id: int,
-                      progress: Progress):
-    """A few cross-entropy steps on task answers, with their own Adam and fixed lr."""
+                      progress: Progress, sft: SFTStep | None = None):
+    """A few cross-entropy steps on task answers, with their own Adam and fixed lr (sft: the
+    step to use, e.g. a sharded one)."""
     sft_cfg = cfg.learner.sft
     if sft_cfg.steps == 0:
         return params, {}
-    sft = SFTStep(logits_fn, sft_cfg)
+    sft = sft or SFTStep(logits_fn, sft_cfg)
     opt_state = sft.init(params)
     loss = None
     for _ in range(sft_cfg.steps):
@@ -71,8 +73,9 @@ def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_
     return params, {"sft/loss": float(loss), "sft/steps": sft_cfg.steps}
 
 
-def _sglang_engine(cfg: Config, policy, run_dir: str):
-    """SGLang servers for the actors (held-out eval keeps the JaxEngine on the learner's params)."""
+def _sglang_engine(cfg: Config, policy, run_dir: str, fetch=None):
+    """SGLang servers for the actors (held-out eval keeps the JaxEngine on the learner's params).
+    fetch: whole copies of some param arrays of a sharded learner (exports and sync buckets)."""
     from actors.sglang.checkpoint import export_for_server
     from actors.sglang.engine import SGLangEngine
     from learner.models.hf_export import hf_tensors
@@ -81,8 +84,8 @@ def _sglang_engine(cfg: Config, policy, run_dir: str):
     return SGLangEngine(sg, max_new_tokens=cfg.engine.max_new_tokens, eos_id=policy.tokenizer.eos_id,
                         pad_id=policy.tokenizer.pad_id, temperature=cfg.engine.temperature,
                         top_p=cfg.engine.top_p, work_dir=sg.work_dir or os.path.join(run_dir, "sglang"),
-                        export_fn=lambda params, d: export_for_server(policy.model_cfg, params, d),
-                        tensors_fn=lambda params: hf_tensors(policy.model_cfg, params))
+                        export_fn=lambda params, d: export_for_server(policy.model_cfg, params, d, fetch=fetch),
+                        tensors_fn=lambda params: hf_tensors(policy.model_cfg, params), gather_fn=fetch)
 
 
 def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_train_step=None,
@@ -96,13 +99,20 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
       hyperparameters, actor concurrency).
     Raises ConfigError (a resume with changed frozen keys, nothing to resume), RunFinished.
     """
+    procs = LearnerProcesses.start(cfg, resolve_model_config(cfg.model))  # [sharded learner] before any JAX work
     run_dir, resuming = run_state.locate(cfg, run_dir, resume)
     progress = Progress(cfg.run.progress)
-    policy = build_policy(cfg)
+    policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
     task = make_task(cfg.task, policy.tokenizer)
     L, G = config_seq_len(cfg, task.max_prompt_len), cfg.learner.group_size
-    train_step = make_train_step(policy.graphdef, cfg.learner)
+    train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout)  # [sharded learner]
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
+    # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
+    logits_fn = functools.partial(forward, policy.graphdef, remat=cfg.learner.remat)
+    sft_step = SFTStep(logits_fn, cfg.learner.sft, procs.layout)
+    if not procs.group.is_leader:
+        return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params)
+    train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)
     template = train_step.init(policy.params) if resuming else None
     begin = run_state.begin(cfg, run_dir, checkpointer, template and arrays_of(template), task, progress, resume,
                             resuming)
@@ -112,13 +122,13 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     # the held-out eval runs the program the actors already compiled.
     engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id, policy.tokenizer.pad_id)
     heldout = task.heldout()
-    evaluate_params = functools.partial(evaluate, engine, task, prompts=heldout)
+    evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=heldout))  # [sharded learner]
     sft_metrics = {}
     if begin.restored:
         state = template._replace(**begin.arrays, step=begin.step0)
     else:  # warm up first: PPO's reference policy and critic trunk start from the weights RL starts from
-        params, sft_metrics = supervised_warmup(cfg, functools.partial(forward, policy.graphdef), policy.params,
-                                                begin.stream, L, policy.tokenizer.pad_id, progress)
+        params, sft_metrics = supervised_warmup(cfg, logits_fn, policy.params, begin.stream, L,
+                                                policy.tokenizer.pad_id, progress, sft_step)  # [sharded learner]
         begin.ledger.warmup(begin.stream.position)
         state = train_step.init(params)
     if wrap_train_step is not None:
@@ -127,8 +137,11 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     batch_size = int(meta.get("batch_size", cfg.learner.batch_size))  # where the controller had moved B
     gate = AdmissionGate(batch_size, cfg.actors.max_staleness)
     gate.steps_taken, gate.issued = begin.step0, G * len(begin.ledger.queued)
-    actor_engine = engine if cfg.actors.engine == "jax" else _sglang_engine(cfg, policy, run_dir)
-    pipe = Pipeline(cfg, run_dir, task, begin.stream, begin.ledger, gate, InProcessWeights(state.params, begin.step0),
+    actor_engine = engine if cfg.actors.engine == "jax" else _sglang_engine(cfg, policy, run_dir, procs.fetch)
+    # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
+    publish = procs.publisher(whole=cfg.actors.engine == "jax" or cfg.actors.processes > 0)
+    pipe = Pipeline(cfg, run_dir, task, begin.stream, begin.ledger, gate,
+                    InProcessWeights(publish(state.params), begin.step0),
                     actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg))
     controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
     if begin.restored and controller is not None and meta.get("controller") is not None:
@@ -137,7 +150,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
                        LoopSettings(cfg.learner.batch_size, G, cfg.learner.microbatch_size, L,
                                     policy.tokenizer.pad_id, cfg.learner.grpo),
                        health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
-                       ledger=begin.ledger)
+                       ledger=begin.ledger, publish=publish)  # [sharded learner]
     loop.group_filter = make_group_filter(cfg.learner)  # dynamic sampling (None when off)
     loop.batch_size = batch_size
     if begin.restored:
@@ -170,7 +183,10 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
             checkpointer.close()
             if actor_engine is not engine:
                 actor_engine.close()  # stops the servers it launched
-    return _finish(cfg, run_dir, policy, state, summary, begin, checkpointer, clock, preempted, evaluate_params)
+    summary = _finish(cfg, run_dir, policy, state, summary, begin, checkpointer, clock, preempted, evaluate_params,
+                      procs)
+    procs.stop()  # [sharded learner] the other processes exit
+    return summary
 
 
 def _enrich(cfg, pipe: Pipeline, actor_engine, clock, begin):
@@ -214,15 +230,16 @@ def _snapshot(cfg, loop: LearnerLoop, pipe: Pipeline, begin, controller, clock, 
     return meta
 
 
-def _finish(cfg, run_dir, policy, state, summary, begin, checkpointer, clock, preempted, evaluate_params) -> dict:
+def _finish(cfg, run_dir, policy, state, summary, begin, checkpointer, clock, preempted, evaluate_params,
+            procs: LearnerProcesses) -> dict:
     summary["ledger"] = begin.ledger.verify(begin.stream.position, begin.stream.pending_reissue)
     summary["wall_time"] = clock()
     summary["checkpoint_blocked_seconds"] = checkpointer.blocked_seconds
     if not preempted:
-        artifacts.save_params(run_dir, state.params)
+        procs.save_params(run_dir, state.params, artifacts.save_params)  # [sharded learner] every process
         if cfg.model.path:  # a checkpoint came in: ship the trained weights in the same format
             summary["hf_export"] = os.path.join(run_dir, "hf")
-            export_policy(policy, state.params, summary["hf_export"])
+            export_policy(policy, state.params, summary["hf_export"], fetch=procs.fetch)  # a shard at a time
         summary["final_eval"] = summary.get("last_eval") or evaluate_params(state.params)
     summary.pop("last_eval", None)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:

@@ -53,7 +53,7 @@ class Checkpointer:
         self.cfg = cfg
         try:
             os.makedirs(self.directory, exist_ok=True)
-            probe = os.path.join(self.directory, ".write-test")
+            probe = os.path.join(self.directory, f".write-test-{os.getpid()}")  # one per learner process
             with open(probe, "w") as f:
                 f.write("ok")
             os.remove(probe)

@@ -165,6 +165,72 @@ class SFTConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """The learner's device mesh: named axes data x fsdp x tensor over all devices of all processes.
+
+    Parameters and Adam moments are split by the logical axis names the model declares, mapped to
+    mesh axes by learner/sharding.py's rules (override entries with `rules`); the batch is split
+    over data x fsdp. One device (the default on a laptop) runs the plain single-device program.
+    """
+
+    data: int = 1  # replicas holding whole parameter copies (pure data parallelism); -1 = the rest
+    fsdp: int = -1  # devices that split parameters and optimizer state (ZeRO-3) and the batch; -1 = the rest
+    tensor: int = 1  # devices that split heads, MLP width and vocabulary (Megatron); -1 = the rest
+    # Logical-axis rule overrides, "logical=axis[+axis]" (e.g. "embed=fsdp", "mlp=tensor",
+    # "norm=" for replicated); the defaults are learner.sharding.DEFAULT_RULES.
+    rules: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """Raises ValueError("<field>: <problem>")."""
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for name, size in sizes.items():
+            if size == 0 or size < -1:
+                raise ValueError(f"{name}: must be >= 1 or -1 (the rest of the devices), got {size}")
+        if sum(size == -1 for size in sizes.values()) > 1:
+            raise ValueError("fsdp: at most one mesh axis may be -1 (the rest of the devices)")
+        for i, rule in enumerate(self.rules):
+            name, sep, axes = rule.partition("=")
+            if not sep or not name.strip():
+                raise ValueError(f"rules[{i}]: expected 'logical=axis[+axis]', got {rule!r}")
+            for axis in filter(None, (a.strip() for a in axes.split("+"))):
+                if axis not in sizes:
+                    raise ValueError(f"rules[{i}]: unknown mesh axis {axis!r} (have data, fsdp, tensor)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """jax.distributed for a learner spread over several processes (hosts).
+
+    Unset (the default), a process joins a group only when the environment says so:
+    CADENCE_COORDINATOR / CADENCE_NUM_PROCESSES / CADENCE_PROCESS_ID, which `cadence train
+    learner.processes=N` sets for the processes it starts.
+    """
+
+    coordinator: str = ""  # host:port of process 0's coordination service ("" = environment / auto_detect)
+    num_processes: int = 0  # processes in the job (0 = environment / auto_detect)
+    process_id: int = -1  # this process's index (-1 = environment / auto_detect)
+    # Let JAX detect the cluster (SLURM, Open MPI, TPU pods, GKE) with jax.distributed.initialize().
+    auto_detect: bool = False
+    # Interface the coordination service listens on ("" = the coordinator's host, so loopback for a
+    # local group; a pod sets e.g. "0.0.0.0:PORT" on a private network: the service does not authenticate).
+    bind_address: str = ""
+    timeout_s: int = 300  # every process must join within this
+
+    def validate(self) -> None:
+        """Raises ValueError("<field>: <problem>")."""
+        if self.num_processes < 0:
+            raise ValueError(f"num_processes: must be >= 0, got {self.num_processes}")
+        if self.process_id < -1:
+            raise ValueError(f"process_id: must be >= -1, got {self.process_id}")
+        if self.num_processes and self.process_id >= self.num_processes:
+            raise ValueError(f"process_id: must be < num_processes ({self.num_processes}), got {self.process_id}")
+        if self.coordinator and ":" not in self.coordinator:
+            raise ValueError(f"coordinator: expected host:port, got {self.coordinator!r}")
+        if self.timeout_s < 1:
+            raise ValueError(f"timeout_s: must be >= 1, got {self.timeout_s}")
+
+
+@dataclasses.dataclass(frozen=True)
 class LearnerConfig:
     """The learner: batch geometry, objective, optimizer, warm-up."""
 
@@ -180,6 +246,16 @@ class LearnerConfig:
     ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)  # Critic side (algorithm=ppo).
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)  # Supervised warm-up.
     seed: int = 0  # Seed of the learner's parameter init.
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)  # Device mesh and sharding rules.
+    # Activation rematerialisation per decoder block: "none"; "block" (recompute the block in the
+    # backward pass, keeping its weight-matmul outputs); "full" (keep only the block's input).
+    remat: Literal["none", "block", "full"] = "none"
+    # Train float32 master copies of bfloat16 params (model.param_dtype=bfloat16): the matmuls
+    # still run in model.compute_dtype, actors and exports get the params rounded to bf16. Adam's
+    # moments are float32 either way.
+    master_weights: bool = False
+    processes: int = 1  # Learner processes `cadence train` starts on this machine (>1: the multi-host path, CPU collectives).
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)  # jax.distributed.
 
     def validate(self) -> None:
         """Raises ValueError("<field>: <problem>"); nested fields read "<sub>.<field>: ..."."""
@@ -205,7 +281,13 @@ class LearnerConfig:
                              f"{self.batch_size // self.microbatch_size}], got {self.minibatches}")
         if self.minibatches > 1 and self.algorithm == "ppo":
             raise ValueError("minibatches: several updates per batch are built for grpo only, not ppo yet")
-        for key in ("optimizer", "grpo", "ppo", "sft"):
+        _check_choice("remat", self.remat, ("none", "block", "full"))
+        if self.processes < 1:
+            raise ValueError(f"processes: must be >= 1, got {self.processes}")
+        if self.processes > 1 and (self.distributed.coordinator or self.distributed.auto_detect):
+            raise ValueError("processes: starts a local group; leave it at 1 when learner.distributed "
+                             "describes the group (one process per host)")
+        for key in ("optimizer", "grpo", "ppo", "sft", "mesh", "distributed"):
             try:
                 getattr(self, key).validate()
             except ValueError as err:

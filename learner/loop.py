@@ -67,7 +67,7 @@ class LearnerLoop:
     def __init__(self, train_step, transport, gate: AdmissionGate, weights, settings: LoopSettings,
                  health: Callable[[], None] | None = None, controller: Controller | None = None,
                  on_concurrency: Callable[[int], None] | None = None,
-                 ledger: SampleLedger | None = None):
+                 ledger: SampleLedger | None = None, publish: Callable[[Any], Any] | None = None):
         self.train_step = train_step
         self.transport = transport
         self.gate = gate
@@ -84,6 +84,8 @@ class LearnerLoop:
         self.group_filter: Callable[[Any], str | None] | None = None
         self.dropped: dict[str, int] = {}
         self.on_concurrency = on_concurrency or (lambda c: None)
+        # params -> what actors get: the params themselves, or (a sharded learner) whole copies
+        self.publish = publish or (lambda params: params)
 
     def set_batch_size(self, batch_size: int) -> None:
         s = self.settings
@@ -175,7 +177,7 @@ class LearnerLoop:
                 break  # graceful: the caller checkpoints the last completed step
             state, metrics = self.train_on(state, batch)
             version = step + 1
-            self.weights.publish(state.params, version)
+            self.weights.publish(self.publish(state.params), version)
             metrics["step"] = version
             self.enrich(version, metrics)
             if self.controller is not None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from learner.config import OptimizerConfig
@@ -83,12 +84,14 @@ def set_hyperparams(opt_state: Any, **values: float) -> Any:
         hyperparams = dict(state.hyperparams)
         for name, value in values.items():
             old = hyperparams[name]
-            new = jnp.asarray(value, dtype=old.dtype).reshape(old.shape)
+            new = np.asarray(value, dtype=old.dtype).reshape(old.shape)
             if getattr(old, "committed", False):
-                # Same placement keeps the jit signature; an uncommitted value stays uncommitted
-                # (committedness is part of jit's cache key too).
-                new = jax.device_put(new, old.sharding)
-            hyperparams[name] = new
+                # Same placement keeps the jit signature (a mesh's replicated sharding included:
+                # from host data every process places its own copy); an uncommitted value stays
+                # uncommitted (committedness is part of jit's cache key too).
+                hyperparams[name] = jax.device_put(new, old.sharding)
+            else:
+                hyperparams[name] = jnp.asarray(new)
         return state._replace(hyperparams=hyperparams)
 
     _find_inject_state(opt_state)  # raise if there is none

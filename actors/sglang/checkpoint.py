@@ -43,13 +43,13 @@ def write_char_tokenizer(out_dir: str, vocab_size: int) -> None:
         json.dump({"bos_token_id": ct.BOS_ID, "eos_token_id": ct.EOS_ID, "pad_token_id": ct.PAD_ID}, f, indent=2)
 
 
-def export_for_server(model_cfg: ModelConfig, params, out_dir: str) -> str:
+def export_for_server(model_cfg: ModelConfig, params, out_dir: str, fetch=None) -> str:
     """Exports params (and tokenizer files) so a server can load out_dir; returns out_dir.
 
     With model_cfg.path the checkpoint's own tokenizer files are copied; otherwise the character
-    tokenizer's are written and config.json gets its special ids.
+    tokenizer's are written and config.json gets its special ids. fetch: see export_checkpoint.
     """
-    export_checkpoint(model_cfg, params, out_dir, source=model_cfg.path)
+    export_checkpoint(model_cfg, params, out_dir, source=model_cfg.path, fetch=fetch)
     if not model_cfg.path:
         write_char_tokenizer(out_dir, model_cfg.vocab_size)
         path = os.path.join(out_dir, "config.json")

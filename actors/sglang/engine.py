@@ -118,15 +118,19 @@ class SGLangEngine:
 
     def __init__(self, cfg: SGLangConfig, *, max_new_tokens: int, eos_id: int, pad_id: int,
                  export_fn: Callable[[Any, str], Any], work_dir: str, temperature: float = 1.0,
-                 top_p: float = 1.0, tensors_fn: Callable[[Any], list] | None = None):
+                 top_p: float = 1.0, tensors_fn: Callable[[Any], list] | None = None,
+                 gather_fn: Callable[[list], list] | None = None):
         """Args: cfg; max_new_tokens/eos_id/pad_id/temperature/top_p as for JaxEngine; export_fn(params,
         dir) writes a checkpoint the servers can load; work_dir holds exported versions and logs;
-        tensors_fn(params) gives the HF tensors a distributed sync sends (hf_export.hf_tensors)."""
+        tensors_fn(params) gives the HF tensors a distributed sync sends (hf_export.hf_tensors);
+        gather_fn(arrays) -> the arrays whole on this process, a bucket at a time (a learner
+        sharded over processes; default: arrays this process can read)."""
         cfg.validate()
         if cfg.sync == "distributed" and tensors_fn is None:
             raise ValueError("sync: 'distributed' needs the engine's tensors_fn (params -> hf_export.hf_tensors)")
         self.cfg = cfg
         self.tensors_fn = tensors_fn
+        self.gather_fn = gather_fn
         self._group = None  # distributed sync: the weight-update group, and which servers are in it
         self._group_members: tuple[int, ...] = ()
         self.synced_version: int | None = None  # newest version a sync brought the servers to
@@ -278,7 +282,7 @@ class SGLangEngine:
                     self._group = await form_group(clients, self.cfg)
                     self._group_members = members
                 self.stats.sync_bytes += await broadcast_update(self._group, clients, self.tensors_fn(params),
-                                                                self.cfg, version)
+                                                                self.cfg, version, gather=self.gather_fn)
             except GroupConfigError as e:
                 raise SGLangError(str(e)) from e
             except ServerHTTPError as e:

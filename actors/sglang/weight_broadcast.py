@@ -83,26 +83,30 @@ def plan_buckets(tensors: Sequence[HFTensor], bucket_bytes: int, dtype: str | No
     return [[by_name[n] for n in g] for g in groups if g]
 
 
-def _one_device(value: jax.Array) -> jax.Array:
-    # DLPack exports single-device arrays only: gather a sharded param onto one local device.
-    if len(value.sharding.device_set) == 1:
-        return value
-    if not value.is_fully_addressable:
+def _one_device(values: list[jax.Array], gather: Callable | None) -> list[jax.Array]:
+    # DLPack exports single-device arrays only: a sharded param is gathered onto one local device,
+    # by `gather` when its shards live in other processes too (a collective they all join).
+    if all(len(v.sharding.device_set) == 1 for v in values):
+        return values
+    if gather is not None:
+        return list(gather(values))
+    if not all(v.is_fully_addressable for v in values):
         raise ValueError("sync: 'distributed' broadcasts from one process, but a param is sharded across "
-                         "hosts; gather the params on process 0 or use sync: 'disk'")
-    return jax.device_put(value, jax.local_devices()[0])
+                         "hosts and no gather function was given")
+    return [jax.device_put(v, jax.local_devices()[0]) for v in values]
 
 
-def bucket_tensors(bucket: Sequence[HFTensor], dtype: str | None, backend: str) -> list:
+def bucket_tensors(bucket: Sequence[HFTensor], dtype: str | None, backend: str,
+                   gather: Callable | None = None) -> list:
     """(name, torch.Tensor) pairs for one bucket in HF layout: transposed kernels, cast to dtype.
 
     The tensors share memory with fresh JAX arrays (DLPack); nccl needs them on the GPU, so
-    host arrays are copied there.
+    host arrays are copied there. A sharded learner's params are gathered a bucket at a time
+    (gather: e.g. launch.learner_group.LearnerProcesses.fetch), never the whole model at once.
     """
     torch = _torch()
     out = []
-    for t in bucket:
-        value = _one_device(t.value)
+    for t, value in zip(bucket, _one_device([t.value for t in bucket], gather)):
         if t.transposed:
             value = value.T
         if dtype and value.dtype != jnp.dtype(dtype):
@@ -234,7 +238,7 @@ async def form_group(clients: Sequence, cfg) -> UpdateGroup:
 
 
 async def broadcast_update(group: UpdateGroup, clients: Sequence, tensors: Sequence[HFTensor], cfg,
-                           version: int) -> int:
+                           version: int, gather: Callable | None = None) -> int:
     """Sends every tensor to every server, a bucket at a time; returns the bytes sent.
 
     The last bucket carries weight_version and flush_cache; the next bucket is prepared while one
@@ -244,12 +248,12 @@ async def broadcast_update(group: UpdateGroup, clients: Sequence, tensors: Seque
     dtype = cfg.dist_dtype or None
     buckets = plan_buckets(tensors, int(cfg.dist_bucket_mb * (1 << 20)), dtype)
     sent = 0
-    ready = in_thread(bucket_tensors, buckets[0], dtype, cfg.dist_backend)
+    ready = in_thread(bucket_tensors, buckets[0], dtype, cfg.dist_backend, gather)
     for k in range(len(buckets)):
         pairs = await ready
         last = k == len(buckets) - 1
         if not last:  # the next bucket's transposes and casts overlap this one's transfer
-            ready = in_thread(bucket_tensors, buckets[k + 1], dtype, cfg.dist_backend)
+            ready = in_thread(bucket_tensors, buckets[k + 1], dtype, cfg.dist_backend, gather)
         payload = update_request(pairs, group.group_name, version=version if last else None, flush_cache=last)
         await all_or_first_error([in_thread(group.broadcast, pairs),
                                   *(c.update_weights_from_distributed(payload, cfg.dist_timeout_s) for c in clients)])

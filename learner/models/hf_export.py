@@ -74,7 +74,7 @@ def copy_tokenizer_files(source: str, out_dir: str) -> list[str]:
 
 
 def export_checkpoint(cfg: ModelConfig, params: nnx.State, out_dir: str, *, source: str = "",
-                      max_shard_bytes: int = 2 * 1024**3) -> list[str]:
+                      max_shard_bytes: int = 2 * 1024**3, fetch=None) -> list[str]:
     """Writes params as a Hugging Face directory.
 
     Args:
@@ -84,6 +84,9 @@ def export_checkpoint(cfg: ModelConfig, params: nnx.State, out_dir: str, *, sour
       source: the checkpoint the model came from ("" = none): its config.json's other keys are
         kept and its tokenizer files copied.
       max_shard_bytes: shard size limit (a single larger tensor gets a shard of its own).
+      fetch: fetch(arrays) -> the arrays whole on this process, called once per shard (a learner
+        sharded over processes: launch.learner_group.LearnerProcesses.fetch); default
+        jax.device_get, which gathers arrays sharded over this process's devices.
 
     Returns:
       The shard file names written, in order.
@@ -103,9 +106,11 @@ def export_checkpoint(cfg: ModelConfig, params: nnx.State, out_dir: str, *, sour
     weight_map, total = {}, 0
     for file, shard in zip(files, shards):
         tensors = {}
-        for name in shard:
+        values = [flat[name].value for name in shard]
+        values = jax.device_get(values if fetch is None else fetch(values))
+        for name, host in zip(shard, values):
             t = flat[name]
-            host = np.asarray(jax.device_get(t.value))
+            host = np.asarray(host)
             tensors[name] = np.ascontiguousarray(host.T) if t.transposed else host
             weight_map[name] = file
             total += host.nbytes

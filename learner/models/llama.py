@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from learner.models.config import ModelConfig
+from learner.sharding import constrain
 
 # Finite rather than -inf: a query that sees no real key (a padding column) then gets a finite,
 # unused output instead of NaNs that would leak into gradients.
@@ -139,7 +140,8 @@ class RMSNorm(nnx.Module):
     """RMSNorm with an HF-named ``weight`` parameter."""
 
     def __init__(self, dim: int, eps: float, param_dtype: jnp.dtype):
-        self.weight = nnx.Param(_ONES_INIT(None, (dim,), param_dtype))
+        self.weight = nnx.Param(_ONES_INIT(None, (dim,), param_dtype), out_sharding=("norm",),
+                                eager_sharding=False)
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -166,13 +168,21 @@ _EMBED_INIT = _init(nnx.initializers.normal(stddev=0.02))  # HF initializer_rang
 _ONES_INIT = _init(nnx.initializers.ones_init())
 
 
-def _linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, use_bias: bool = False) -> nnx.Linear:
+def _named(initializer, *names: str):
+    """The initializer, with the logical names of the parameter's axes as sharding metadata
+    (learner/sharding.py maps them to mesh axes; nothing is placed here)."""
+    return nnx.with_partitioning(initializer, names, eager_sharding=False)
+
+
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, names: tuple[str, str],
+            use_bias: bool = False) -> nnx.Linear:
+    """A linear layer whose [in, out] kernel axes have the logical names `names`."""
     return nnx.Linear(
         d_in,
         d_out,
         use_bias=use_bias,
-        kernel_init=_KERNEL_INIT,
-        bias_init=_BIAS_INIT,
+        kernel_init=_named(_KERNEL_INIT, *names),
+        bias_init=_named(_BIAS_INIT, names[1]),
         dtype=_dtype(cfg.compute_dtype),
         param_dtype=_dtype(cfg.param_dtype),
         rngs=rngs,
@@ -185,10 +195,10 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         dh = cfg.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, dh
-        self.q_proj = _linear(cfg, cfg.d_model, cfg.n_heads * dh, rngs, cfg.qkv_bias)
-        self.k_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs, cfg.qkv_bias)
-        self.v_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs, cfg.qkv_bias)
-        self.o_proj = _linear(cfg, cfg.n_heads * dh, cfg.d_model, rngs, cfg.o_bias)
+        self.q_proj = _linear(cfg, cfg.d_model, cfg.n_heads * dh, rngs, ("embed", "heads"), cfg.qkv_bias)
+        self.k_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs, ("embed", "kv"), cfg.qkv_bias)
+        self.v_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs, ("embed", "kv"), cfg.qkv_bias)
+        self.o_proj = _linear(cfg, cfg.n_heads * dh, cfg.d_model, rngs, ("heads", "embed"), cfg.o_bias)
         if cfg.qk_norm:  # Qwen3: one RMSNorm over head_dim, shared by all heads
             pdt = _dtype(cfg.param_dtype)
             self.q_norm = RMSNorm(dh, cfg.norm_eps, pdt)
@@ -202,7 +212,8 @@ class Attention(nnx.Module):
         all S cache slots; without one, S == T.
         """
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim)
+        q = constrain(self.q_proj(x).reshape(b, t, self.n_heads, self.head_dim),
+                      ("batch", None, "act_heads", None))
         k = self.k_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.n_kv_heads, self.head_dim)
         if self.qk_norm:
@@ -220,12 +231,13 @@ class MLP(nnx.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.gate_proj = _linear(cfg, cfg.d_model, cfg.d_ff, rngs)
-        self.up_proj = _linear(cfg, cfg.d_model, cfg.d_ff, rngs)
-        self.down_proj = _linear(cfg, cfg.d_ff, cfg.d_model, rngs)
+        self.gate_proj = _linear(cfg, cfg.d_model, cfg.d_ff, rngs, ("embed", "mlp"))
+        self.up_proj = _linear(cfg, cfg.d_model, cfg.d_ff, rngs, ("embed", "mlp"))
+        self.down_proj = _linear(cfg, cfg.d_ff, cfg.d_model, rngs, ("mlp", "embed"))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        h = constrain(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x), ("batch", None, "act_mlp"))
+        return self.down_proj(h)
 
 
 class DecoderLayer(nnx.Module):
@@ -255,18 +267,21 @@ class Llama(nnx.Module):
             cfg.d_model,
             dtype=cdt,
             param_dtype=pdt,
-            embedding_init=_EMBED_INIT,
+            embedding_init=_named(_EMBED_INIT, "vocab", "embed"),
             rngs=rngs,
         )
         self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.n_layers)])
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, pdt)
         if not cfg.tie_embeddings:
-            self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, rngs)
+            self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, rngs, ("embed", "vocab"))
 
-    def __call__(self, tokens, positions, mask, cache: KVCache | None = None):
-        """tokens/positions [B, T] int32, mask [B, T] bool -> (hidden [B, T, D], updated cache or None)."""
+    def __call__(self, tokens, positions, mask, cache: KVCache | None = None, remat: str = "none"):
+        """tokens/positions [B, T] int32, mask [B, T] bool -> (hidden [B, T, D], updated cache or None).
+
+        remat ("none", "block", "full"; ignored with a cache) rematerialises each decoder block in
+        the backward pass (see _run_block)."""
         t = tokens.shape[1]
-        x = self.embed_tokens(tokens)  # [B, T, D]
+        x = constrain(self.embed_tokens(tokens), _RESIDUAL)  # [B, T, D]
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta,
                                 rope_inv_freq(self.cfg))  # a constant XLA folds
         if cache is None:
@@ -281,8 +296,12 @@ class Llama(nnx.Module):
             allowed = causal[None] & key_mask[:, None, :]  # [B, T, L]
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
+            if cache is None and remat != "none":
+                x = _run_block(layer, x, cos, sin, allowed, remat)
+                continue
             kv = None if cache is None else (cache.k[i], cache.v[i])
             x, kv = layer(x, cos, sin, allowed, kv, start)
+            x = constrain(x, _RESIDUAL)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
@@ -296,19 +315,44 @@ class Llama(nnx.Module):
             out = self.embed_tokens.attend(hidden)
         else:
             out = self.lm_head(hidden)
+        if out.ndim == 3:
+            out = constrain(out, ("batch", None, "act_vocab"))
         return out.astype(jnp.float32)
+
+
+_RESIDUAL = ("batch", None, "act_embed")  # the residual stream's layout: rows split, width whole
+
+# What a rematerialised block keeps for the backward pass: "block" its weight matmuls' outputs
+# (recomputing norms, attention scores and activations), "full" nothing but its input.
+_REMAT_POLICIES = {"block": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                   "full": jax.checkpoint_policies.nothing_saveable}
+
+
+def _run_block(layer: DecoderLayer, x, cos, sin, allowed, remat: str) -> jax.Array:
+    """layer(x) under jax.checkpoint with the remat policy (a pure function of its params)."""
+    graphdef, state = nnx.split(layer)
+
+    def block(state, x, cos, sin, allowed):
+        return constrain(nnx.merge(graphdef, state)(x, cos, sin, allowed)[0], _RESIDUAL)
+
+    return jax.checkpoint(block, policy=_REMAT_POLICIES[remat])(state, x, cos, sin, allowed)
 
 
 # ----------------------------------------------------------------------------------------------
 # Pure functional API (graphdef is bound with functools.partial, params are traced).
 
 
-def init_params(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
-    """Builds the model and splits it into (graphdef, params) with ``nnx.split``."""
+def init_params(cfg: ModelConfig, seed: int, shardings=None) -> tuple[nnx.GraphDef, nnx.State]:
+    """Builds the model and splits it into (graphdef, params) with ``nnx.split``.
+
+    shardings: optional NamedSharding per param (learner.sharding.Layout.params): each device
+    then initializes only its shards (a model larger than one device never exists whole).
+    """
     cfg.validate()
     # Built under jit: eager init dispatches (and compiles) every small op, ~3 s on a CPU.
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: Llama(cfg, nnx.Rngs(seed))))
-    params = jax.jit(lambda: nnx.split(Llama(cfg, nnx.Rngs(seed)))[1])()
+    placed = {} if shardings is None else {"out_shardings": shardings}
+    params = jax.jit(lambda: nnx.split(Llama(cfg, nnx.Rngs(seed)))[1], **placed)()
     return graphdef, params
 
 
@@ -335,7 +379,7 @@ def count_params(params) -> int:
     return int(sum(x.size for x in jax.tree.leaves(params)))
 
 
-def forward(graphdef, params, tokens, positions, mask) -> jax.Array:
+def forward(graphdef, params, tokens, positions, mask, remat: str = "none") -> jax.Array:
     """Full-sequence forward pass.
 
     Args:
@@ -343,12 +387,13 @@ def forward(graphdef, params, tokens, positions, mask) -> jax.Array:
       tokens, positions: [B, T] int32.
       mask: [B, T] bool, True for real tokens. Attention is causal over columns and ignores keys
         where mask is False.
+      remat: "none", "block" or "full" (learner.remat): what the backward pass recomputes.
 
     Returns:
       [B, T, V] float32 logits.
     """
     model = nnx.merge(graphdef, params)
-    hidden, _ = model(tokens, positions, mask)
+    hidden, _ = model(tokens, positions, mask, remat=remat)
     return model.logits(hidden)
 
 

@@ -10,16 +10,17 @@ from learner.steps.ppo_step import PPOTrainStep
 from learner.steps.grpo_step import GRPOTrainStep
 
 
-def make_train_step(graphdef, cfg: LearnerConfig):
+def make_train_step(graphdef, cfg: LearnerConfig, layout=None):
     """A train step object with init(params), update(state, microbatches, num_tokens),
     set_hyperparams(state, **kw), get_hyperparams(state) and cache_sizes().
 
     cfg.algorithm "grpo": GRPOTrainStep (state: LearnerState); "ppo": PPOTrainStep (state: PPOState,
     which also carries the critic, its optimizer and the frozen reference policy). Both states
-    expose .params (the policy to publish), .opt_state and .step.
+    expose .params (the policy to publish), .opt_state and .step. layout: a
+    learner.sharding.Layout for a device mesh (None: one device); cfg.remat applies either way.
     """
     if cfg.algorithm == "ppo":
-        return PPOTrainStep(graphdef, cfg)
+        return PPOTrainStep(graphdef, cfg, layout)
     if cfg.algorithm == "grpo":
-        return GRPOTrainStep(functools.partial(forward, graphdef), cfg)
+        return GRPOTrainStep(functools.partial(forward, graphdef, remat=cfg.remat), cfg, layout=layout)
     raise ValueError(f"algorithm: must be 'grpo' or 'ppo', got {cfg.algorithm!r}")

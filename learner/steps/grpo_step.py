@@ -11,10 +11,16 @@ The loss of each microbatch is normalized by the completion-token count of its w
 the accumulated gradient is exactly the minibatch gradient (the full-batch one when k = 1). Shapes
 are fixed by microbatch_size and seq_len and num_tokens is a traced scalar, so a new number of microbatches (a new batch size) or new
 hyperparameters (arrays in opt_state) never recompile; `cache_sizes()` lets tests assert that.
+
+With a `layout` (learner/sharding.py) every jitted function has explicit in/out shardings: params,
+gradients and Adam moments split as the layout says, microbatch rows over data x fsdp, scalars
+and metrics replicated; GSPMD inserts the collectives. Adam's moments are float32 whatever the
+params' dtype.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -23,6 +29,7 @@ import numpy as np
 import optax
 
 from learner import optimizer as optim
+from learner import sharding
 from learner.algorithms.grpo import finalize_metrics, grpo_token_loss
 from learner.algorithms.logprobs import token_logprobs_and_entropy
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
@@ -61,20 +68,40 @@ class GRPOTrainStep:
       donate_state: also donate params and opt_state to `apply` (saves one copy of each in device
         memory). Only safe if nothing else holds the previous params, e.g. an in-process actor
         still sampling with the published weights; off by default for that reason.
+      layout: a learner.sharding.Layout to run on a device mesh (None: one device, no shardings).
     """
 
-    def __init__(self, logits_fn: LogitsFn, cfg: LearnerConfig, *, donate_state: bool = False):
+    def __init__(self, logits_fn: LogitsFn, cfg: LearnerConfig, *, donate_state: bool = False,
+                 layout: sharding.Layout | None = None):
         self.cfg = cfg
         self.optimizer = optim.make_optimizer(cfg.optimizer)
-        self._logits_fn = logits_fn
+        self.layout = layout
+        self._logits_fn = logits_fn if layout is None else layout.activations(logits_fn)
         self._metric_keys: tuple[str, ...] | None = None
-
-        self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params))
-        self._proximal = jax.jit(self._proximal_impl)
-        self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(1,))
         # The new params reuse either the old params' buffers or the gradient's (same shapes);
         # donating both would leave one set unusable.
-        self._apply = jax.jit(self._apply_impl, donate_argnums=(0, 1) if donate_state else (2,))
+        donate_apply = (0, 1) if donate_state else (2,)
+        if layout is None:
+            self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params))
+            self._init_opt = functools.partial(sharding.init_opt_state, self.optimizer)
+            self._proximal = jax.jit(self._proximal_impl)
+            self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(1,))
+            self._apply = jax.jit(self._apply_impl, donate_argnums=donate_apply)
+            self._accumulate_proximal = self._accumulate
+            return
+        p, b, r = layout.params, layout.batch, layout.replicated
+        o = layout.opt_state(self.optimizer)
+        self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params),
+                              in_shardings=(p,), out_shardings=p)
+        self._init_opt = jax.jit(functools.partial(sharding.init_opt_state, self.optimizer),
+                                 in_shardings=(p,), out_shardings=o)
+        self._proximal = jax.jit(self._proximal_impl, in_shardings=(p, b), out_shardings=b)
+        self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(1,),
+                                   in_shardings=(p, p, b, r, r), out_shardings=(p, r))
+        self._accumulate_proximal = jax.jit(self._accumulate_impl, donate_argnums=(1,),
+                                            in_shardings=(p, p, b, r, r, b), out_shardings=(p, r))
+        self._apply = jax.jit(self._apply_impl, donate_argnums=donate_apply,
+                              in_shardings=(p, o, p), out_shardings=(p, o, r))
 
     # ---- pure functions (traced) ----
 
@@ -110,6 +137,7 @@ class GRPOTrainStep:
         return grads, stats
 
     def _apply_impl(self, params, opt_state, grads):
+        grads = sharding.fp32_grads(grads)  # the moments are float32 (a no-op for float32 params)
         grad_norm = optax.tree.norm(grads)  # before clipping
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, grad_norm
@@ -117,8 +145,11 @@ class GRPOTrainStep:
     # ---- host API ----
 
     def init(self, params) -> LearnerState:
-        """A fresh learner state (Adam moments at zero, step 0) for `params`."""
-        return LearnerState(params=params, opt_state=self.optimizer.init(params), step=0)
+        """A fresh learner state (float32 Adam moments at zero, step 0) for `params`
+        (float32 master copies of them with learner.master_weights)."""
+        if self.cfg.master_weights:
+            params = master_copy(params)
+        return LearnerState(params=params, opt_state=self._init_opt(params), step=0)
 
     def accumulate_gradients(
         self, params, microbatches: Sequence[Microbatch], num_tokens: int, proximal=None, packed=None,
@@ -143,20 +174,28 @@ class GRPOTrainStep:
             self._metric_keys = tuple(sorted(shapes))
         if packed is None:
             packed = self.pack(microbatches)
-        n = jnp.asarray(max(int(num_tokens), 1), jnp.float32)  # strong f32: one jit signature
-        s = jnp.asarray(max(count_sequences(microbatches), 1), jnp.float32)
+        n = self._scalar(max(int(num_tokens), 1))
+        s = self._scalar(max(count_sequences(microbatches), 1))
         grads = self._zeros(params)
         per_mb = []
         for i, mb in enumerate(packed):
-            extra = () if proximal is None else (proximal[i],)
-            grads, stats = self._accumulate(params, grads, mb, n, s, *extra)
+            if proximal is None:
+                grads, stats = self._accumulate(params, grads, mb, n, s)
+            else:
+                grads, stats = self._accumulate_proximal(params, grads, mb, n, s, proximal[i])
             per_mb.append(stats)
         return grads, per_mb
 
-    @staticmethod
-    def pack(microbatches: Sequence[Microbatch]) -> list[jax.Array]:
-        """Device copies of host microbatches, one buffer each, all copies started at once."""
-        return jax.device_put([pack_microbatch(mb) for mb in microbatches])
+    def _scalar(self, value) -> jax.Array:
+        if self.layout is None:
+            return jnp.asarray(value, jnp.float32)  # strong f32: one jit signature
+        return self.layout.scalar(value)
+
+    def pack(self, microbatches: Sequence[Microbatch]) -> list[jax.Array]:
+        """Device copies of host microbatches, one buffer each, all copies started at once (rows
+        split over data x fsdp with a layout: each process places its own rows)."""
+        host = [pack_microbatch(mb) for mb in microbatches]
+        return jax.device_put(host) if self.layout is None else self.layout.put_batch(host)
 
     def proximal_logprobs(self, params, microbatches: Sequence[Microbatch], packed=None) -> list[jax.Array]:
         """[M, T] log-probs of each microbatch's tokens under params (device arrays)."""
@@ -249,8 +288,16 @@ class GRPOTrainStep:
 
     def cache_sizes(self) -> dict[str, int]:
         """Compiled-executable counts of the jitted functions (for no-recompilation checks)."""
+        accumulate = self._accumulate._cache_size()
+        if self._accumulate_proximal is not self._accumulate:
+            accumulate += self._accumulate_proximal._cache_size()
         return {
             "zeros": self._zeros._cache_size(),
-            "accumulate": self._accumulate._cache_size(),
+            "accumulate": accumulate,
             "apply": self._apply._cache_size(),
         }
+
+
+def master_copy(params):
+    """float32 copies of the params (learner.master_weights); float32 leaves are kept as they are."""
+    return jax.tree.map(lambda x: x if x.dtype == jnp.float32 else x.astype(jnp.float32), params)

@@ -13,11 +13,15 @@ architecture with its own head. Values, returns and advantages are computed once
 the step, with the policy and critic as they are then (the proximal policy of the decoupled
 objective); the reference policy for the KL penalty is a frozen copy of the params given to init.
 The state's `params` stay the plain policy params, so publishing them to the engine is unchanged.
+With a layout (learner/sharding.py) the jitted functions get explicit shardings: the policy, a
+separate critic trunk and the reference split like the params, the value head replicated, rows of
+microbatches and of the prepared arrays over data x fsdp.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -27,12 +31,13 @@ import optax
 from flax import nnx
 
 from learner import optimizer as optim
+from learner import sharding
 from learner.algorithms import ppo as ppo_ops
 from learner.algorithms.grpo import finalize_metrics, grpo_token_loss, token_sum
 from learner.algorithms.logprobs import token_logprobs_and_entropy
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
-from learner.steps.grpo_step import _sum_squares, count_sequences
+from learner.steps.grpo_step import _sum_squares, count_sequences, master_copy
 
 
 class PPOState(NamedTuple):
@@ -46,9 +51,9 @@ class PPOState(NamedTuple):
     ref_params: Any  # frozen reference policy for the KL penalty, or None (kl_coef == 0)
 
 
-def _hidden(graphdef, params, tokens, positions, mask) -> tuple[jax.Array, Any]:
+def _hidden(graphdef, params, tokens, positions, mask, remat: str = "none") -> tuple[jax.Array, Any]:
     model = nnx.merge(graphdef, params)
-    hidden, _ = model(tokens, positions, mask)  # [B, T, D]
+    hidden, _ = model(tokens, positions, mask, remat=remat)  # [B, T, D]
     return hidden, model
 
 
@@ -64,30 +69,62 @@ class PPOTrainStep:
     Args:
       graphdef: the policy's nnx GraphDef (the critic trunk, if separate, shares it).
       cfg: LearnerConfig (optimizer, grpo for the policy loss, ppo for the critic side).
+      layout: a learner.sharding.Layout to run on a device mesh (None: one device).
     """
 
-    def __init__(self, graphdef, cfg: LearnerConfig):
+    def __init__(self, graphdef, cfg: LearnerConfig, layout: sharding.Layout | None = None):
         self.cfg = cfg
         self.graphdef = graphdef
+        self.layout = layout
         self.optimizer = optim.make_optimizer(cfg.optimizer)
         self.critic_optimizer = optim.make_optimizer(
             dataclasses.replace(cfg.optimizer, lr=cfg.ppo.critic_lr))
         self._metric_keys: tuple[str, ...] | None = None
-        self._zeros = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree))
-        self._prepare = jax.jit(self._prepare_impl)
-        self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(2,))
-        self._apply = jax.jit(self._apply_impl, donate_argnums=(4,))
+        self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+        if layout is None:
+            self._zeros = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree))
+            self._prepare = jax.jit(self._prepare_impl)
+            self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(2,))
+            self._apply = jax.jit(self._apply_impl, donate_argnums=(4,))
+            self._init_opt = functools.partial(sharding.init_opt_state, self.optimizer)
+            self._init_critic_opt = functools.partial(sharding.init_opt_state, self.critic_optimizer)
+
+    def _shard(self, critic_abstract) -> None:
+        """The jitted functions with explicit shardings, once the critic's shape is known."""
+        lay = self.layout
+        p, b, r = lay.params, lay.batch, lay.replicated
+        c = {"head": {"w": r, "b": r}}
+        if "trunk" in critic_abstract:
+            c["trunk"] = p
+        ref = p if self.cfg.ppo.kl_coef > 0 else None
+        o = lay.opt_state(self.optimizer)
+        oc = lay.opt_state(self.critic_optimizer, c, critic_abstract)
+        prepared = (b, b, b, b)
+        self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree), in_shardings=(p,), out_shardings=p)
+        self._zeros = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree),
+                              in_shardings=((p, c),), out_shardings=(p, c))
+        self._prepare = jax.jit(lay.activations(self._prepare_impl), in_shardings=(p, c, ref, b),
+                                out_shardings=(prepared, r))
+        self._accumulate = jax.jit(lay.activations(self._accumulate_impl), donate_argnums=(2,),
+                                   in_shardings=(p, c, (p, c), b, prepared, r),
+                                   out_shardings=((p, c), r))
+        self._apply = jax.jit(self._apply_impl, donate_argnums=(4,), in_shardings=(p, o, c, oc, (p, c)),
+                              out_shardings=(p, o, c, oc, r, r))
+        self._init_opt = jax.jit(functools.partial(sharding.init_opt_state, self.optimizer),
+                                 in_shardings=(p,), out_shardings=o)
+        self._init_critic_opt = jax.jit(functools.partial(sharding.init_opt_state, self.critic_optimizer),
+                                        in_shardings=(c,), out_shardings=oc)
 
     # ---- pure functions (traced) ----
 
     def _forward(self, params, critic_params, mb: Microbatch):
         """(logprobs [M, T], entropy [M, T], values [M, T]) of the policy and critic."""
-        hidden, model = _hidden(self.graphdef, params, mb.tokens, mb.positions, mb.mask)
+        hidden, model = _hidden(self.graphdef, params, mb.tokens, mb.positions, mb.mask, self.cfg.remat)
         logprobs, entropy = token_logprobs_and_entropy(
             model.logits(hidden), mb.tokens, self.cfg.grpo.temperature)
         if "trunk" in critic_params:
             hidden, _ = _hidden(self.graphdef, critic_params["trunk"], mb.tokens, mb.positions,
-                                mb.mask)
+                                mb.mask, self.cfg.remat)
         return logprobs, entropy, _values(critic_params["head"], hidden)
 
     def _ref_logprobs(self, ref_params, mb: Microbatch):
@@ -159,7 +196,7 @@ class PPOTrainStep:
         return grads, stats
 
     def _apply_impl(self, params, opt_state, critic_params, critic_opt_state, grads):
-        actor_grads, critic_grads = grads
+        actor_grads, critic_grads = sharding.fp32_grads(grads)  # float32 moments
         grad_norm = optax.tree.norm(actor_grads)
         critic_grad_norm = optax.tree.norm(critic_grads)
         updates, opt_state = self.optimizer.update(actor_grads, opt_state, params)
@@ -175,16 +212,23 @@ class PPOTrainStep:
         """A fresh PPO state: zero value head (plus a copy of params as critic trunk if
         "separate"), frozen reference = a copy of params when kl_coef > 0, Adam moments at 0."""
         ppo = self.cfg.ppo
+        if self.cfg.master_weights:
+            params = master_copy(params)
         tokens = jnp.zeros((1, 2), jnp.int32)
         shape = jax.eval_shape(
             lambda p: _hidden(self.graphdef, p, tokens, tokens, tokens > -1)[0], params).shape
-        copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
-        critic = {"head": {"w": jnp.zeros((shape[-1],), jnp.float32), "b": jnp.zeros((), jnp.float32)}}
+        head = {"w": np.zeros((shape[-1],), np.float32), "b": np.zeros((), np.float32)}
+        if self.layout is not None:
+            abstract = {"head": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), head)}
+            if ppo.critic == "separate":
+                abstract["trunk"] = self.layout.abstract
+            self._shard(abstract)
+            head = self.layout.place(head, {"w": self.layout.replicated, "b": self.layout.replicated})
+        critic = {"head": jax.tree.map(jnp.asarray, head)}
         if ppo.critic == "separate":
-            critic["trunk"] = copy(params)
-        ref = copy(params) if ppo.kl_coef > 0 else None
-        return PPOState(params, self.optimizer.init(params), 0, critic,
-                        self.critic_optimizer.init(critic), ref)
+            critic["trunk"] = self._copy(params)
+        ref = self._copy(params) if ppo.kl_coef > 0 else None
+        return PPOState(params, self._init_opt(params), 0, critic, self._init_critic_opt(critic), ref)
 
     def accumulate_gradients(self, state: PPOState, microbatches: Sequence[Microbatch],
                              num_tokens: int) -> tuple[Any, list, dict]:
@@ -197,7 +241,8 @@ class PPOTrainStep:
         """
         if not microbatches:
             raise ValueError("accumulate_gradients: no microbatches")
-        packed = jax.device_put([pack_microbatch(mb, include_rewards=True) for mb in microbatches])
+        host = [pack_microbatch(mb, include_rewards=True) for mb in microbatches]
+        packed = jax.device_put(host) if self.layout is None else self.layout.put_batch(host)
         prepared, sums = [], []
         for p in packed:
             out, s = self._prepare(state.params, state.critic_params, state.ref_params, p)
@@ -207,8 +252,9 @@ class PPOTrainStep:
         adv_sum, adv_sq_sum, kl_sum = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
         adv_mean = float(adv_sum / n_tok)
         adv_std = float(np.sqrt(max(adv_sq_sum / n_tok - adv_mean**2, 0.0)))
-        normalizers = jnp.asarray([n_tok, max(count_sequences(microbatches), 1), adv_mean, adv_std],
-                                  jnp.float32)
+        normalizers = np.asarray([n_tok, max(count_sequences(microbatches), 1), adv_mean, adv_std],
+                                 np.float32)
+        normalizers = jnp.asarray(normalizers) if self.layout is None else self.layout.scalar(normalizers)
         if self._metric_keys is None:  # abstract trace (no compile) for the metric names
             mb0 = unpack_microbatch(packed[0], has_rewards=True)
             _, shapes = jax.eval_shape(self.loss_fn, state.params, state.critic_params, mb0,

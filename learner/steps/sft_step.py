@@ -6,6 +6,7 @@ unused) so the same model function and padding rules apply.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from learner import sharding
 from learner.algorithms.logprobs import token_logprobs_and_entropy
 from learner.batching import Microbatch, empty_microbatch
 from learner.config import SFTConfig
@@ -63,13 +65,25 @@ class SFTStep:
     Args:
       logits_fn: pure (params, tokens, positions, mask) -> logits [B, T, V].
       cfg: SFTConfig (lr is read; steps and batch_size are for the caller's loop).
+      layout: a learner.sharding.Layout for a device mesh (None: one device): params and Adam
+        split as the layout says, the batch's rows over data x fsdp.
     """
 
-    def __init__(self, logits_fn: LogitsFn, cfg: SFTConfig):
+    def __init__(self, logits_fn: LogitsFn, cfg: SFTConfig, layout: sharding.Layout | None = None):
         self.cfg = cfg
         self.optimizer = optax.adam(cfg.lr)
-        self._logits_fn = logits_fn
-        self._update = jax.jit(self._update_impl)
+        self.layout = layout
+        if layout is None:
+            self._logits_fn = logits_fn
+            self._update = jax.jit(self._update_impl)
+            self._init = functools.partial(sharding.init_opt_state, self.optimizer)
+            return
+        self._logits_fn = layout.activations(logits_fn)
+        p, o, r = layout.params, layout.opt_state(self.optimizer), layout.replicated
+        rows = Microbatch(*([layout.batch] * len(Microbatch._fields)))
+        self._update = jax.jit(self._update_impl, in_shardings=(p, o, rows), out_shardings=(p, o, r))
+        self._init = jax.jit(functools.partial(sharding.init_opt_state, self.optimizer),
+                             in_shardings=(p,), out_shardings=o)
 
     def loss_fn(self, params, batch: Microbatch) -> tuple[jax.Array, dict]:
         """Mean negative log-likelihood of the answer tokens; (loss, metrics)."""
@@ -85,15 +99,18 @@ class SFTStep:
 
     def _update_impl(self, params, opt_state, batch: Microbatch):
         (_, metrics), grads = jax.value_and_grad(self.loss_fn, has_aux=True)(params, batch)
+        grads = sharding.fp32_grads(grads)  # float32 moments
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, metrics
 
     def init(self, params) -> Any:
-        """Fresh Adam state for `params`."""
-        return self.optimizer.init(params)
+        """Fresh Adam state (float32 moments) for `params`."""
+        return self._init(params)
 
     def update(self, params, opt_state, batch: Microbatch) -> tuple[Any, Any, dict]:
         """One Adam step; returns (params, opt_state, metrics as host floats: loss (before the
         step), token_accuracy, tokens)."""
+        if self.layout is not None:  # each process places its own rows
+            batch = Microbatch(*self.layout.put_batch([np.asarray(x) for x in batch]))
         params, opt_state, metrics = self._update(params, opt_state, batch)
         return params, opt_state, {k: float(v) for k, v in jax.device_get(metrics).items()}

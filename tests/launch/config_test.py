@@ -52,6 +52,11 @@ def test_scientific_notation_and_lists():
     ("engine.max_new_tokens=4", "engine.max_new_tokens"),       # cross-section: answers are 7 tokens
     ("learner.grpo.temperature=0.5", "learner.grpo.temperature"),  # must match the sampler
     ("task.num_digits=0", "task.num_digits"),
+    ("learner.mesh.fsdp=0", "learner.mesh.fsdp"),                # mesh axis sizes: >= 1 or -1
+    ("learner.mesh.rules=[embed=model]", "learner.mesh.rules"),  # no such mesh axis
+    ("learner.remat=some", "learner.remat"),
+    ("learner.processes=0", "learner.processes"),
+    ("learner.distributed.coordinator=nohost", "learner.distributed.coordinator"),
 ])
 def test_bad_input_names_the_key(override, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):

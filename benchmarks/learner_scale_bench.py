@@ -1,0 +1,168 @@
+"""GRPO updates of a Llama-shaped model at real sizes: tokens/s, MFU and peak memory, vs a bare step.
+
+Random init (no checkpoint needed), bf16 params and matmuls with float32 Adam moments, remat per
+decoder block, the learner's mesh over every local device. Ours: GRPOTrainStep.update on host
+microbatches (copies, accumulation over fixed-shape microbatches, apply, metrics fetched). Bare:
+one jax.jit of value_and_grad + the same optax update over the whole batch already on the
+devices, with the same shardings. MFU counts the model's FLOPs (6 x params x tokens + attention
+12 x layers x d_model x seq_len per token), not remat's recomputation, against --peak-tflops.
+
+    python benchmarks/learner_scale_bench.py --preset 0.5b --seq-len 1024 --batch 32 --microbatch 8
+    python benchmarks/learner_scale_bench.py --preset tiny --devices 4 --fsdp 2 --tensor 2   # CPU dry run
+
+Prints one JSON line. Written for benchmarks/gpu_learner.sh; not yet run on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+import optax
+
+if "--devices" in sys.argv:  # CPU devices: XLA fixes their number when JAX starts
+    jax.config.update("jax_num_cpu_devices", int(sys.argv[sys.argv.index("--devices") + 1]))
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench_timing import median_seconds  # noqa: E402
+
+from learner import sharding  # noqa: E402
+from learner.batching import build_microbatches  # noqa: E402
+from learner.config import LearnerConfig, MeshConfig  # noqa: E402
+from learner.models import llama  # noqa: E402
+from learner.models.config import ModelConfig  # noqa: E402
+from learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
+from protocols.testing import rollout_group  # noqa: E402
+
+# Llama-shaped (RMSNorm, RoPE, SwiGLU, GQA, tied embeddings) at the sizes of Qwen2.5-0.5B / 1.5B.
+PRESETS = {
+    "tiny": dict(vocab_size=256, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=512),
+    "0.5b": dict(vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, d_ff=4864),
+    "1.5b": dict(vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, d_ff=8960),
+}
+PEAK_TFLOPS = {"NVIDIA H200": 989.0, "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA A100-SXM4-80GB": 312.0}
+
+
+def make_groups(batch: int, group: int, seq_len: int, vocab: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    prompt_len = seq_len // 4
+    out = []
+    for i in range(batch // group):
+        prompt = [1] + [int(x) for x in rng.integers(3, vocab, prompt_len - 1)]
+        comps = [[int(x) for x in rng.integers(3, vocab, seq_len - prompt_len)] for _ in range(group)]
+        out.append(rollout_group(f"p{i}", "bench", prompt, comps, [[-1.0] * len(c) for c in comps],
+                                 [float(rng.random() < 0.5) for _ in comps], 0))
+    return out
+
+
+def peak_bytes() -> int | None:
+    stats = [d.memory_stats() or {} for d in jax.local_devices()]
+    peaks = [s.get("peak_bytes_in_use") for s in stats if s.get("peak_bytes_in_use") is not None]
+    return max(peaks) if peaks else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=32, help="samples per update")
+    p.add_argument("--microbatch", type=int, default=8)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--remat", choices=["none", "block", "full"], default="block")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--devices", type=int, default=0, help="CPU devices to make (0: the platform's own)")
+    p.add_argument("--data", type=int, default=1)
+    p.add_argument("--fsdp", type=int, default=-1)
+    p.add_argument("--tensor", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="device peak (0: by device kind)")
+    p.add_argument("--no-bare", action="store_true", help="skip the bare step (saves its memory)")
+    args = p.parse_args()
+
+    mcfg = ModelConfig(**PRESETS[args.preset], max_seq_len=args.seq_len, param_dtype=args.dtype,
+                       compute_dtype=args.dtype)
+    mesh = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
+    cfg = LearnerConfig(batch_size=args.batch, microbatch_size=args.microbatch, group_size=args.group,
+                        mesh=mesh, remat=args.remat)
+    cfg.validate()
+    _, abstract = llama.abstract_params(mcfg)
+    layout = sharding.make_layout(mesh, abstract, force=True)
+    t0 = time.perf_counter()
+    graphdef, params = llama.init_params(mcfg, 0, layout.params)
+    jax.block_until_ready(params)
+    init_s = time.perf_counter() - t0
+    step = GRPOTrainStep(functools.partial(llama.forward, graphdef, remat=args.remat), cfg, layout=layout)
+    groups = make_groups(args.batch, args.group, args.seq_len, mcfg.vocab_size)
+    mbs, stats = build_microbatches(groups, args.seq_len, args.microbatch, 0, cfg.grpo)
+    state = {"s": step.init(params)}
+    del params
+
+    def ours():
+        state["s"], metrics = step.update(state["s"], mbs, stats["num_tokens"])
+
+    t0 = time.perf_counter()
+    ours()
+    first_s = time.perf_counter() - t0
+    ours_t = median_seconds(ours, args.repeats, 1, warmup=1)
+    peak_ours = peak_bytes()
+
+    bare_t = None
+    if not args.no_bare:
+        (full,), _ = build_microbatches(groups, args.seq_len, args.batch, 0, cfg.grpo)
+        tx = step.optimizer
+
+        def bare_impl(params, opt_state, batch, n):
+            _, grads = jax.value_and_grad(step.loss_fn, has_aux=True)(params, batch, n)
+            updates, opt_state = tx.update(sharding.fp32_grads(grads), opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        o = layout.opt_state(tx)
+        rows = type(full)(*([layout.batch] * len(full)))
+        bare = jax.jit(bare_impl, in_shardings=(layout.params, o, rows, layout.replicated),
+                       out_shardings=(layout.params, o), donate_argnums=(0, 1))
+        batch = type(full)(*layout.put_batch([np.asarray(x) for x in full]))
+        n = layout.scalar(stats["num_tokens"])
+        bs = {"p": state["s"].params, "o": state["s"].opt_state}
+        state.clear()  # the bare step holds (and donates) the one copy of the model
+
+        def run_bare():
+            bs["p"], bs["o"] = bare(bs["p"], bs["o"], batch, n)
+            jax.block_until_ready(bs["p"])
+
+        try:
+            bare_t = median_seconds(run_bare, args.repeats, 1, warmup=1)
+        except Exception as e:  # e.g. the whole batch at once does not fit: ours still counts
+            print(f"bare step failed: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+
+    n_params = llama.count_params(abstract)
+    tokens = args.batch * args.seq_len
+    flops_per_token = 6 * n_params + 12 * mcfg.n_layers * mcfg.d_model * args.seq_len
+    kind = jax.devices()[0].device_kind
+    peak = args.peak_tflops or PEAK_TFLOPS.get(kind, 0.0)
+    achieved = flops_per_token * tokens / ours_t / 1e12
+    print(json.dumps({
+        "bench": "learner_scale", "preset": args.preset, "device": kind, "devices": len(jax.devices()),
+        "mesh": dict(layout.mesh.shape), "params": n_params, "dtype": args.dtype, "remat": args.remat,
+        "batch": args.batch, "microbatch": args.microbatch, "seq_len": args.seq_len,
+        "ours_tokens_per_s": round(tokens / ours_t, 1),
+        "bare_tokens_per_s": None if bare_t is None else round(tokens / bare_t, 1),
+        "ratio": None if bare_t is None else round(bare_t / ours_t, 3),
+        "tflops_per_device": round(achieved / len(jax.devices()), 2),
+        "mfu": round(achieved / len(jax.devices()) / peak, 4) if peak else None,
+        "peak_bytes_ours": peak_ours, "peak_bytes_with_bare": peak_bytes(),
+        "init_s": round(init_s, 2), "first_update_s": round(first_s, 2),
+        "compiles": step.cache_sizes(),
+        "config": dataclasses.asdict(mcfg),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The learner's processes: starting N of them on one machine, and wiring one into a run.
+
+`cadence train learner.processes=N` (run_local_group) re-runs the same command N times with the
+group in the environment (CADENCE_COORDINATOR=127.0.0.1:PORT, CADENCE_NUM_PROCESSES,
+CADENCE_PROCESS_ID) and one run.dir. Process 0 is the run as one process would do it (actors,
+metrics, summary, its stdout is this command's); processes 1..N-1 follow it (learner/leader.py).
+On a cluster, start one process per host yourself with learner.distributed.* set (or
+auto_detect under SLURM / on TPU pods); the rest is the same.
+
+`LearnerProcesses` is what launch/train.py asks of the group: the layout, the wrappers that make
+process 0's collective calls reach the others, whole weights for the engine and exports, and the
+follower's loop.
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from launch.config_loader import ConfigError
+from learner import multihost, sharding
+from learner.leader import Follower, Leader
+from learner.models.llama import abstract_params
+
+STOP_GRACE_S = 60.0  # followers get this long to finish after process 0 exits
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_local_group(train_args: list[str], num_processes: int, run_dir: str) -> int:
+    """Starts `cadence train *train_args` as num_processes learner processes; returns process
+    0's exit status (non-zero if any process failed). SIGINT/SIGTERM go to process 0, which saves
+    a final checkpoint and stops the others."""
+    env = {**os.environ, multihost.ENV_COORDINATOR: f"127.0.0.1:{_free_port()}",
+           multihost.ENV_NUM_PROCESSES: str(num_processes)}
+    cmd = [sys.executable, "-m", "launch.cli", "train", *train_args, f"run.dir={run_dir}"]
+    procs = []
+    for i in range(num_processes):
+        procs.append(subprocess.Popen(cmd, env={**env, multihost.ENV_PROCESS_ID: str(i)},
+                                      stdout=None if i == 0 else subprocess.DEVNULL))
+    leader = procs[0]
+
+    def forward(signum, frame):
+        if leader.poll() is None:
+            leader.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while leader.poll() is None:
+            if any(p.poll() not in (None, 0) for p in procs[1:]):  # a follower died: nothing can finish
+                failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+                print(f"cadence: learner process {failed[0]} exited with {procs[failed[0]].returncode}; "
+                      "stopping the group", file=sys.stderr)
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                return 1
+            time.sleep(0.2)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in procs[1:]:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        codes = [p.returncode for p in procs]
+        return codes[0] or next((c for c in codes[1:] if c), 0)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@dataclasses.dataclass
+class LearnerProcesses:
+    """This process's part of the learner: its group, the mesh layout, and (process 0) the leader."""
+
+    group: multihost.Group
+    layout: sharding.Layout | None
+    out_dtype: str | None  # dtype weights leave the learner in (master weights are float32)
+    leader: Leader | None = None
+    stopped: bool = False
+
+    @classmethod
+    def start(cls, cfg, model_cfg) -> "LearnerProcesses":
+        """Joins the group (before any JAX work) and lays the model out on the mesh.
+
+        Raises ConfigError naming the key of a group or mesh that does not fit the devices."""
+        try:
+            group = multihost.join(cfg.learner.distributed)
+            _, abstract = abstract_params(model_cfg)
+            layout = sharding.make_layout(cfg.learner.mesh, abstract)
+        except ValueError as e:  # their messages name the key
+            raise ConfigError(str(e)) from None
+        if layout is not None:
+            for key, rows in (("learner.microbatch_size", cfg.learner.microbatch_size),
+                              ("learner.sft.batch_size", cfg.learner.sft.batch_size)):
+                if rows % layout.rows:
+                    raise ConfigError(f"{key}: {rows} rows do not split over data x fsdp = {layout.rows} devices")
+        out_dtype = model_cfg.param_dtype if cfg.learner.master_weights else None
+        return cls(group, layout, out_dtype)
+
+    # ---- process 0 ----
+    def lead(self, params, train_step, checkpointer, sft_step) -> tuple[Any, Any, Any]:
+        """The train step, checkpointer and warm-up step process 0 uses: each call also reaches
+        the other processes (unchanged in a one-process learner). params: the initial ones."""
+        if not self.group.distributed:
+            return train_step, checkpointer, sft_step
+        self.leader = Leader(self.group, self.layout, params)
+        atexit.register(self.stop)  # followers must not wait forever if process 0 fails
+        lead = self.leader
+        return lead.wrap_step(train_step), lead.wrap_checkpointer(checkpointer), lead.wrap_sft(sft_step)
+
+    def on_whole(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """fn(params) called with the params whole on this process (e.g. held-out evaluation)."""
+        return lambda params: fn(self.gather(params))
+
+    def publisher(self, whole: bool) -> Callable[[Any], Any]:
+        """What the learner loop publishes to actors: whole params (built-in engine, actor
+        processes), or the learner's own (an SGLang sync fetches a bucket at a time)."""
+        if not whole or (self.layout is None and self.out_dtype is None):
+            return lambda params: params
+        return self.gather
+
+    def gather(self, params):
+        """params whole on this process's first device, in the model's dtype (engine, eval)."""
+        if self.leader is not None:
+            return self.leader.gather(params, self.out_dtype)
+        return sharding.gather(params, self.layout, self.out_dtype)
+
+    def fetch(self, arrays: list) -> list:
+        """Some param arrays whole on this process (an export shard, a weight-sync bucket)."""
+        if self.leader is not None:
+            return self.leader.fetch(arrays, self.out_dtype)
+        return sharding.gather(list(arrays), self.layout, self.out_dtype)
+
+    def save_params(self, run_dir: str, params, save: Callable[[str, Any], None]) -> None:
+        """The final params, every process writing its shards (orbax)."""
+        if self.leader is None:
+            save(run_dir, params)
+        else:
+            self.leader.call("save_params", lambda: save(run_dir, params), {"run_dir": run_dir}, params)
+
+    def stop(self) -> None:
+        if self.leader is not None and not self.stopped:
+            self.stopped = True
+            self.leader.stop()
+
+    # ---- processes 1..N-1 ----
+    def follow(self, params, train_step, checkpointer, arrays_of: Callable, sft=None,
+               save_params: Callable[[str, Any], None] | None = None) -> dict:
+        """Runs what process 0 sends until it stops; returns a one-line summary."""
+        calls = {"save_params": lambda meta, p: save_params(meta["run_dir"], p)}
+        follower = Follower(self.group, self.layout, train_step, params, checkpointer, arrays_of, sft, calls)
+        try:
+            final = follower.run()
+        finally:
+            if not follower.checkpointer_closed:
+                checkpointer.close()
+        return {"process_id": self.group.process_id, "steps": int(final.step),
+                "commands": follower.channel.commands}

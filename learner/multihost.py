@@ -1,0 +1,184 @@
+"""A learner over several processes (hosts): joining jax.distributed, and the command channel.
+
+Every process holds its shards of the same arrays and must launch the same sharded computations in
+the same order. Process 0 ("the leader") does everything a one-process learner does (actors,
+learner loop, controller, metrics, checkpoint metadata); before each collective operation it
+sends the operation to the other processes ("followers") over a `Channel`, and they run it too
+(learner/follow.py). A command is a name, a small JSON object and named NumPy arrays: an
+update's host microbatches, new optimizer hyperparameters, "save a checkpoint", "gather the
+weights of params generation 7", "stop".
+
+    group = join(cfg.learner.distributed)       # first thing a process does: before any JAX work
+    if not group.is_leader: follow(...)          # else lead: Leader(group, ...) wraps the step etc.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+from typing import Any
+
+import numpy as np
+
+ENV_COORDINATOR = "CADENCE_COORDINATOR"
+ENV_NUM_PROCESSES = "CADENCE_NUM_PROCESSES"
+ENV_PROCESS_ID = "CADENCE_PROCESS_ID"
+
+# dtypes that cross the channel (raw bytes; nothing is unpickled)
+_DTYPES = {"bool", "int8", "uint8", "int32", "uint32", "int64", "float32", "float64"}
+_MIN_WORDS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """This process's place in the learner group."""
+
+    process_id: int = 0
+    num_processes: int = 1
+
+    @property
+    def is_leader(self) -> bool:
+        return self.process_id == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.num_processes > 1
+
+
+def _setting(value, env: str, default):
+    """A config value, else the environment's, else default (config wins: it was written on purpose)."""
+    if value not in ("", 0, -1, None):
+        return value
+    raw = os.environ.get(env, "")
+    if raw == "":
+        return default
+    return type(default)(raw) if default is not None else raw
+
+
+def join(cfg) -> Group:
+    """Joins the jax.distributed group that learner.distributed or the environment describes.
+
+    Must run before anything initializes a JAX backend. No coordinator, no process count and no
+    auto_detect: a one-process learner (Group(0, 1)). Raises ValueError naming the key when only
+    part of the group is described.
+    """
+    import jax
+
+    coordinator = _setting(cfg.coordinator, ENV_COORDINATOR, "")
+    num = _setting(cfg.num_processes, ENV_NUM_PROCESSES, 0)
+    pid = _setting(cfg.process_id if cfg.process_id >= 0 else None, ENV_PROCESS_ID, -1)
+    if jax.distributed.is_initialized():
+        return Group(jax.process_index(), jax.process_count())
+    if cfg.auto_detect and not coordinator:
+        jax.distributed.initialize(initialization_timeout=cfg.timeout_s)  # SLURM, TPU pods, MPI, GKE
+        return Group(jax.process_index(), jax.process_count())
+    if not coordinator and num <= 1:
+        return Group()
+    if not coordinator or num < 1 or pid < 0:
+        raise ValueError(
+            "learner.distributed: a learner group needs coordinator, num_processes and process_id "
+            f"(config or ${ENV_COORDINATOR}, ${ENV_NUM_PROCESSES}, ${ENV_PROCESS_ID}); got "
+            f"coordinator={coordinator!r}, num_processes={num}, process_id={pid}")
+    if pid >= num:
+        raise ValueError(f"learner.distributed.process_id: {pid} must be < num_processes ({num})")
+    # The coordination service listens where it is told: the coordinator's own address unless
+    # bind_address widens it (it does not authenticate peers).
+    bind = cfg.bind_address or coordinator
+    jax.distributed.initialize(coordinator, num, pid, coordinator_bind_address=bind,
+                               initialization_timeout=cfg.timeout_s,
+                               shutdown_timeout_seconds=min(cfg.timeout_s, 60))
+    return Group(jax.process_index(), jax.process_count())
+
+
+# ---- wire format: one int32 vector per command ------------------------------------------------
+
+
+def encode(command: str, meta: dict, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """(command, JSON-able meta, named arrays) -> int32 words: [header length][JSON][array bytes]."""
+    specs, chunks, offset = [], [], 0
+    for name, value in arrays.items():
+        value = np.asarray(value)  # (ascontiguousarray would make a 0-d array 1-d)
+        if value.dtype.name not in _DTYPES:
+            raise TypeError(f"channel: array {name!r} has dtype {value.dtype} (allowed: {sorted(_DTYPES)})")
+        raw = value.tobytes(order="C")
+        specs.append([name, value.dtype.name, list(value.shape), offset])
+        chunks.append(raw + b"\0" * (-len(raw) % 4))
+        offset += len(chunks[-1])
+    header = json.dumps({"command": command, "meta": meta, "arrays": specs}).encode()
+    header += b" " * (-len(header) % 4)
+    return np.frombuffer(struct.pack("<i", len(header)) + header + b"".join(chunks), np.int32).copy()
+
+
+def decode(words: np.ndarray) -> tuple[str, dict, dict[str, np.ndarray]]:
+    raw = np.ascontiguousarray(words, np.int32).tobytes()
+    (n,) = struct.unpack_from("<i", raw)
+    head = json.loads(raw[4 : 4 + n])
+    body = memoryview(raw)[4 + n :]
+    arrays = {}
+    for name, dtype, shape, offset in head["arrays"]:
+        if dtype not in _DTYPES:
+            raise ValueError(f"channel: array {name!r} with dtype {dtype!r}")
+        count = int(np.prod(shape, dtype=np.int64))
+        arrays[name] = np.frombuffer(body, np.dtype(dtype), count, offset).reshape(shape).copy()
+    return head["command"], head["meta"], arrays
+
+
+def _bucket(words: int) -> int:
+    """Payload sizes are rounded up to powers of two: few broadcast shapes, few compilations."""
+    return max(_MIN_WORDS, 1 << (int(words) - 1).bit_length())
+
+
+class Channel:
+    """Process 0 -> all processes, one command at a time (jax.experimental.multihost_utils).
+
+    Two broadcasts per command: the payload's length, then the payload padded to a power of two.
+    Every process must call send (process 0) or receive (the others) in the same order.
+    """
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.commands = 0
+
+    def send(self, command: str, meta: dict | None = None, arrays: dict[str, np.ndarray] | None = None) -> None:
+        assert self.group.is_leader, "only process 0 sends"
+        words = encode(command, meta or {}, arrays or {})
+        self._broadcast(np.asarray([len(words)], np.int32))
+        padded = np.zeros(_bucket(len(words)), np.int32)
+        padded[: len(words)] = words
+        self._broadcast(padded)
+        self.commands += 1
+
+    def receive(self) -> tuple[str, dict, dict[str, np.ndarray]]:
+        (n,) = self._broadcast(np.zeros(1, np.int32))
+        words = self._broadcast(np.zeros(_bucket(int(n)), np.int32))
+        self.commands += 1
+        return decode(words[: int(n)])
+
+    def _broadcast(self, x: np.ndarray) -> np.ndarray:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.broadcast_one_to_all(x))
+
+
+def microbatch_arrays(microbatches) -> dict[str, np.ndarray]:
+    """Host microbatches as named arrays: field i of microbatch k is "k.i" (None fields left out)."""
+    out = {}
+    for k, mb in enumerate(microbatches):
+        for i, field in enumerate(mb):
+            if field is not None:
+                out[f"{k}.{i}"] = np.asarray(field)
+    return out
+
+
+def microbatches_from(arrays: dict[str, np.ndarray]) -> list:
+    from learner.batching import Microbatch
+
+    count = 1 + max((int(key.split(".")[0]) for key in arrays), default=-1)
+    width = len(Microbatch._fields)
+    return [Microbatch(*(arrays.get(f"{k}.{i}") for i in range(width))) for k in range(count)]
+
+
+def as_host(x: Any) -> Any:
+    """JSON-able host value (floats and ints of NumPy scalars become Python ones)."""
+    return x.item() if isinstance(x, np.generic) else x

@@ -1,0 +1,66 @@
+"""`cadence train learner.processes=2`: two real learner processes (jax.distributed on loopback,
+gloo CPU collectives, params and Adam split over them by the default fsdp mesh)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from launch.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BASE = ["learner.sft.steps=5", "task.heldout_size=32", "run.progress=false"]
+COMPARED = ("loss", "pg_loss", "grad_norm", "clip_frac", "entropy", "reward/mean", "eval/exact_match")
+
+
+def cadence(*args, timeout=1500):
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-m", "launch.cli", "train", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+def test_two_processes_equal_one_in_sync_mode_and_resume_on_one(tmp_path):
+    sync = BASE + ["actors.max_staleness=0", "run.steps=5", "run.eval_every=5"]
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    r1 = cadence(*sync, f"run.dir={one}")
+    r2 = cadence(*sync, "learner.processes=2", f"run.dir={two}")
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    summary = json.loads(r2.stdout.strip().splitlines()[-1])  # process 0's; the follower prints nothing
+    assert summary["steps"] == 5 and summary["run_dir"] == two
+    rows1, rows2 = read_metrics(one), read_metrics(two)
+    assert [r["step"] for r in rows2] == [r["step"] for r in rows1] == list(range(6))
+    for a, b in zip(rows1, rows2):  # the same samples, the same updates (float sums in another order)
+        for key in COMPARED:
+            if key in a:
+                np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-5, err_msg=f"step {a['step']} {key}")
+        assert b.get("samples") == a.get("samples")
+
+    # The checkpoint written by both processes (params and Adam split over them) resumes on one.
+    r3 = cadence("--resume", f"run.dir={two}", "learner.processes=1", "run.steps=7")
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    rows = read_metrics(two)
+    assert [r["step"] for r in rows] == list(range(8))
+    assert all(np.isfinite(r["loss"]) for r in rows[1:])
+
+
+def test_two_processes_learn_sort6(tmp_path):
+    run = str(tmp_path / "run")
+    r = cadence("learner.processes=2", "run.stop_at_exact_match=0.5", "run.steps=800",
+                "task.heldout_size=128", "run.progress=false", f"run.dir={run}", timeout=3000)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(open(os.path.join(run, "summary.json")).read())
+    assert summary["target_reached_at"] is not None, summary
+    assert summary["final_eval"]["eval/exact_match"] >= 0.5
+
+
+def test_a_group_that_cannot_start_exits_nonzero_naming_the_key(tmp_path):
+    # 3 tensor-parallel devices do not divide the group's 2: every process fails at start, none hangs
+    r = cadence("learner.processes=2", "learner.mesh.tensor=3", "learner.mesh.fsdp=1",
+                f"run.dir={tmp_path / 'run'}", timeout=600)
+    assert r.returncode != 0
+    assert "learner.mesh" in r.stderr

@@ -1,0 +1,212 @@
+"""Checks of the sharded learner on 4 CPU devices; run by sharded_step_test.py in a subprocess.
+
+XLA fixes the number of CPU devices when JAX initializes, and the rest of the suite runs on one,
+so these checks live in their own process: `python tests/learner/sharded_checks.py NAME...`
+(names: see CHECKS). Each prints "ok NAME" or raises.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import tempfile
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 4)  # before anything initializes the backend
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from learner import sharding  # noqa: E402
+from learner.batching import build_microbatches  # noqa: E402
+from learner.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
+from learner.config import LearnerConfig, MeshConfig, OptimizerConfig, PPOConfig  # noqa: E402
+from learner.models import llama  # noqa: E402
+from learner.models.config import ModelConfig  # noqa: E402
+from learner.steps import make_train_step  # noqa: E402
+from protocols.testing import rollout_group  # noqa: E402
+
+MODEL = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
+T, PAD, G, MB = 16, 0, 4, 4
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def groups(num_groups: int, seed: int):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(num_groups):
+        prompt = [1] + [int(x) for x in rng.integers(3, MODEL.vocab_size, 3)]
+        comps = [[int(x) for x in rng.integers(3, MODEL.vocab_size, rng.integers(2, T - 4))] for _ in range(G)]
+        behav = [[float(-rng.exponential()) for _ in c] for c in comps]
+        out.append(rollout_group(f"g{i}", "t", prompt, comps, behav, [float(rng.random() < 0.5) for _ in comps], 0))
+    return out
+
+
+def learner_cfg(algorithm: str, **kw) -> LearnerConfig:
+    ppo = PPOConfig(critic="separate", kl_coef=0.05) if algorithm == "ppo" else PPOConfig()
+    return LearnerConfig(algorithm=algorithm, batch_size=16, microbatch_size=MB, group_size=G,
+                         optimizer=OptimizerConfig(lr=3e-3), ppo=ppo, **kw)
+
+
+def layout_for(mesh: MeshConfig, abstract, devices=None):
+    return sharding.make_layout(mesh, abstract, devices=devices, force=True)
+
+
+def host(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def assert_trees_close(a, b, what: str) -> None:
+    for i, (x, y) in enumerate(zip(host(a), host(b))):
+        np.testing.assert_allclose(x, y, err_msg=f"{what}: leaf {i}", **TOL)
+
+
+def grads_of(step, state, mbs, n):
+    if hasattr(state, "critic_params"):  # PPO: (policy, critic) gradients
+        return step.accumulate_gradients(state, mbs, n)[0]
+    return step.accumulate_gradients(state.params, mbs, n)[0]
+
+
+def step_equivalence(algorithm: str, mesh: MeshConfig) -> None:
+    """3 updates (4, 2 and 3 microbatches, a controller rescale in between) on the mesh equal the
+    same updates on one device: loss, gradients, params; no recompilation."""
+    cfg = learner_cfg(algorithm)
+    graphdef, params = llama.init_params(MODEL, 0)
+    layout = layout_for(mesh, params)
+    single = make_train_step(graphdef, cfg)
+    sharded = make_train_step(graphdef, cfg, layout)
+    s1 = single.init(params)
+    s2 = sharded.init(layout.place(params))
+    for leaf, want in zip(jax.tree.leaves(s2.params), jax.tree.leaves(layout.params)):
+        assert leaf.sharding == want, (leaf.sharding, want)
+    schedule = [(4, None), (2, dict(lr=3e-3 * math.sqrt(0.5), b1=0.9 ** 0.5, b2=0.99 ** 0.5, eps=1e-8 / math.sqrt(0.5))),
+                (3, dict(lr=3e-3, b1=0.9, b2=0.99, eps=1e-8))]
+    for k, (num_groups, hyper) in enumerate(schedule):
+        if hyper:  # what the batch-size controller does between steps
+            s1, s2 = single.set_hyperparams(s1, **hyper), sharded.set_hyperparams(s2, **hyper)
+        mbs, stats = build_microbatches(groups(num_groups, seed=k), T, MB, PAD, cfg.grpo)
+        assert len(mbs) == num_groups
+        assert_trees_close(grads_of(single, s1, mbs, stats["num_tokens"]),
+                           grads_of(sharded, s2, mbs, stats["num_tokens"]), f"grads step {k}")
+        s1, m1 = single.update(s1, mbs, stats["num_tokens"])
+        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"])
+        for key in ("loss", "pg_loss", "grad_norm", "clip_frac", "learning_rate"):
+            np.testing.assert_allclose(m2[key], m1[key], err_msg=f"{key} step {k}", **TOL)
+        assert_trees_close(s1.params, s2.params, f"params after step {k}")
+        assert_trees_close(s1.opt_state, s2.opt_state, f"Adam state after step {k}")
+    sizes = sharded.cache_sizes()
+    assert all(v == 1 for v in sizes.values()), sizes
+    for leaf, want in zip(jax.tree.leaves(s2.params), jax.tree.leaves(layout.params)):
+        assert leaf.sharding == want  # the out_shardings held
+
+
+def check_grpo_fsdp_tensor():
+    step_equivalence("grpo", MeshConfig(fsdp=2, tensor=2))
+
+
+def check_grpo_data_fsdp():
+    step_equivalence("grpo", MeshConfig(data=2, fsdp=2))
+
+
+def check_ppo_fsdp_tensor():
+    step_equivalence("ppo", MeshConfig(fsdp=2, tensor=2))
+
+
+def check_ppo_data_fsdp():
+    step_equivalence("ppo", MeshConfig(data=2, fsdp=2))
+
+
+def check_bytes_per_device():
+    """Per-device params and Adam moments are total / (fsdp x tensor), from the shardings; the
+    data axis replicates."""
+    graphdef, params = llama.init_params(MODEL, 0)
+    for mesh, split in ((MeshConfig(fsdp=2, tensor=2), 4), (MeshConfig(fsdp=4), 4),
+                        (MeshConfig(data=2, fsdp=2), 2), (MeshConfig(tensor=4), 4)):
+        layout = layout_for(mesh, params)
+        step = make_train_step(graphdef, learner_cfg("grpo"), layout)
+        state = step.init(layout.place(params))
+        total = sharding.tree_bytes(params)
+        assert sharding.shard_bytes(params, layout.params) * split == total, mesh
+        # what the arrays really hold on each device
+        for d in jax.devices():
+            held = sum(s.data.nbytes for x in jax.tree.leaves(state.params) for s in x.addressable_shards
+                       if s.device == d)
+            assert held * split == total, (mesh, d, held, total)
+        mu, nu = state.opt_state[-1].inner_state[0].mu, state.opt_state[-1].inner_state[0].nu
+        for moment in (mu, nu):
+            assert sharding.shard_bytes(moment, layout.params) * split == sharding.tree_bytes(moment)
+
+
+def check_bf16_params_fp32_moments():
+    """bf16 params and compute train with float32 Adam moments; master weights keep fp32 params."""
+    mcfg = dataclasses.replace(MODEL, param_dtype="bfloat16", compute_dtype="bfloat16")
+    graphdef, params = llama.init_params(mcfg, 0)
+    layout = layout_for(MeshConfig(fsdp=2, tensor=2), params)
+    mbs, stats = build_microbatches(groups(2, seed=0), T, MB, PAD, learner_cfg("grpo").grpo)
+    for master in (False, True):
+        step = make_train_step(graphdef, learner_cfg("grpo", master_weights=master, remat="full"), layout)
+        state = step.init(layout.place(params))
+        mu = state.opt_state[-1].inner_state[0].mu
+        assert {x.dtype for x in jax.tree.leaves(mu)} == {np.dtype(np.float32)}
+        want = np.float32 if master else jax.numpy.bfloat16
+        assert {x.dtype for x in jax.tree.leaves(state.params)} == {np.dtype(want)}
+        new, metrics = step.update(state, mbs, stats["num_tokens"])
+        assert np.isfinite(metrics["loss"]) and {x.dtype for x in jax.tree.leaves(new.params)} == {np.dtype(want)}
+
+
+def check_remat_same_result():
+    """learner.remat changes memory, not math: block and full give the none gradients."""
+    graphdef, params = llama.init_params(MODEL, 0)
+    layout = layout_for(MeshConfig(fsdp=2, tensor=2), params)
+    mbs, stats = build_microbatches(groups(2, seed=0), T, MB, PAD, learner_cfg("grpo").grpo)
+    out = {}
+    for remat in ("none", "block", "full"):
+        step = make_train_step(graphdef, learner_cfg("grpo", remat=remat), layout)
+        out[remat] = step.accumulate_gradients(layout.place(params), mbs, stats["num_tokens"])[0]
+    assert_trees_close(out["none"], out["block"], "block remat")
+    assert_trees_close(out["none"], out["full"], "full remat")
+
+
+def check_checkpoint_reshards():
+    """Saved on (fsdp 2) -> restored on 1 device and on (tensor 2): identical params and Adam
+    state, and training continues identically from each."""
+    cfg = learner_cfg("grpo")
+    graphdef, params = llama.init_params(MODEL, 0)
+    devices = jax.devices()
+    fsdp = layout_for(MeshConfig(fsdp=2), params, devices[:2])
+    tensor = layout_for(MeshConfig(fsdp=1, tensor=2), params, devices[2:])
+    mbs, stats = build_microbatches(groups(2, seed=0), T, MB, PAD, cfg.grpo)
+    step = make_train_step(graphdef, cfg, fsdp)
+    saved, _ = step.update(step.init(fsdp.place(params)), mbs, stats["num_tokens"])
+    arrays = {"params": saved.params, "opt_state": saved.opt_state}
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = Checkpointer(d, CheckpointConfig(async_save=False))
+        ckpt.save(1, arrays, {"step": 1})
+        results = []
+        for layout in (None, tensor):
+            target = make_train_step(graphdef, cfg, layout)
+            fresh = target.init(params if layout is None else layout.place(params))
+            step_, restored, meta = ckpt.restore_latest({"params": fresh.params, "opt_state": fresh.opt_state})
+            assert step_ == 1 and meta["step"] == 1
+            assert_trees_close(arrays, restored, f"restored on {layout and layout.mesh.shape}")
+            for x, y in zip(jax.tree.leaves(restored["params"]), jax.tree.leaves(fresh.params)):
+                assert x.sharding.is_equivalent_to(y.sharding, x.ndim)  # laid out for the new mesh
+            state = fresh._replace(**restored, step=1)
+            state, m = target.update(state, mbs, stats["num_tokens"])
+            results.append((state.params, m["loss"]))
+        ckpt.close()
+    (p1, l1), (p2, l2) = results
+    np.testing.assert_allclose(l1, l2, **TOL)
+    assert_trees_close(p1, p2, "continued training")
+
+
+CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
+
+if __name__ == "__main__":
+    assert len(jax.devices()) == 4, jax.devices()
+    for name in sys.argv[1:] or list(CHECKS):
+        CHECKS[name]()
+        print(f"ok {name}", flush=True)
