@@ -40,6 +40,7 @@ from learner import multihost
 
 EXIT_CONFIG, EXIT_FINISHED = 2, 3  # as `cadence train`: a bad config, a run that already finished
 POLL_S = 0.5
+HOST_TIMEOUT_S = 120.0  # a placed host must answer within this (a loaded machine can be slow)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -190,7 +191,17 @@ class RayLaunch:
             self.message(f"continuing on {size} of {self.target} learner processes (the checkpoint reshards)")
         hosts = [self.Host.options(**self._host_options("learner", pg, i, 0)).remote(
                  f"learner-{i}", None, None, self.learner_files) for i in range(size)]
-        infos = ray.get([h.info.remote() for h in hosts])
+        try:  # a node that died a moment ago may still look placeable: its host never answers
+            return self._start_processes(pg, hosts, size)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            self.message(f"the learner group of {size} did not start ({type(e).__name__}); placing it again")
+            for h in hosts:
+                ray.kill(h, no_restart=True)
+            remove_placement_group(pg)
+            return self._start_group(size, wait)
+
+    def _start_processes(self, pg, hosts, size: int) -> _Group:
+        infos = ray.get([h.info.remote() for h in hosts], timeout=HOST_TIMEOUT_S)
         leader_ip = infos[0]["node_ip"]
         overrides = [f"run.dir={self.run_dir}", "run.resume=auto", "actors.processes=0", "actors.num_actors=0",
                      f"actors.listen=tcp://{leader_ip}:0", "learner.processes=1"]
@@ -198,15 +209,15 @@ class RayLaunch:
             overrides.append("actors.keys_dir={dir}/keys")
         env = self._env()
         if size > 1:
-            port = ray.get(hosts[0].free_port.remote())
+            port = ray.get(hosts[0].free_port.remote(), timeout=HOST_TIMEOUT_S)
             env.update({multihost.ENV_COORDINATOR: f"{leader_ip}:{port}", multihost.ENV_NUM_PROCESSES: str(size)})
         started = time.time()
         for i, h in enumerate(hosts):
             argv = ["-m", "launch.cli", "train", "--config", "{dir}/config.yaml", *overrides]
             proc_env = {**env, multihost.ENV_PROCESS_ID: str(i)} if size > 1 else env
-            ray.get(h.start.remote(argv, proc_env))
+            ray.get(h.start.remote(argv, proc_env), timeout=HOST_TIMEOUT_S)
         group = _Group(pg, hosts, size, started)
-        group.infos = ray.get([h.info.remote() for h in hosts])
+        group.infos = ray.get([h.info.remote() for h in hosts], timeout=HOST_TIMEOUT_S)
         where = ", ".join(f"learner-{i}@{inf['node_ip']}" for i, inf in enumerate(group.infos))
         self.message(f"learner group of {size} placed: {where}")
         return group
