@@ -4,8 +4,9 @@
 
 Ray only places and restarts processes; every byte of training data goes over Cadence's own
 ZeroMQ path (the dispatcher and the weight server). The driver:
-  1. connects (or starts a local cluster), generates CurveZMQ keys and hands them to the
-     processes through Ray (never on a command line or in a log);
+  1. connects (or starts a local cluster), generates CurveZMQ keys (the learner's in
+     RUN_DIR/launch/keys, 0700: learner nodes see the run directory) and hands the actors theirs
+     through Ray (never on a command line or in a log);
   2. places the learner's `learner.processes` processes with one placement group (process 0's
      node runs the jax.distributed coordinator and the dispatcher), then each of the
      `actors.processes` actor processes with its own one-bundle group;
@@ -24,7 +25,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 
@@ -48,20 +48,19 @@ def _resources(entries) -> dict[str, float]:
     return {k.strip(): float(v) for k, _, v in (e.partition("=") for e in entries)}
 
 
-def _keys() -> tuple[dict, dict]:
-    """A fresh CurveZMQ key set as bytes: (the learner's files, an actor's files)."""
+def _keys(directory: str) -> dict:
+    """A fresh CurveZMQ key set in `directory` (0700; the learner's, as actors.keys_dir), and the
+    files an actor needs, as bytes to hand out through Ray."""
     from protocols.zmq_transport import write_keys
 
-    tmp = tempfile.mkdtemp(prefix="cadence-keys-")
-    try:
-        write_keys(os.path.join(tmp, "k"))
-        read = lambda rel: open(os.path.join(tmp, "k", rel), "rb").read()  # noqa: E731
-        learner = {f"keys/{r}": read(r) for r in ("server.key", "server.key_secret",
-                                                  "authorized_clients/client.key")}
-        actor = {f"keys/{r}": read(r) for r in ("server.key", "client.key", "client.key_secret")}
-        return learner, actor
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(directory, ignore_errors=True)  # an earlier launch's set: nobody listens with it now
+    os.makedirs(directory, mode=0o700)
+    write_keys(directory)
+    files = {}
+    for rel in ("server.key", "client.key", "client.key_secret"):
+        with open(os.path.join(directory, rel), "rb") as f:
+            files[f"keys/{rel}"] = f.read()
+    return files
 
 
 class _Group:
@@ -106,9 +105,9 @@ class RayLaunch:
         old = {s: signal.signal(s, lambda *_: self._stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
         ray.cloudpickle.register_pickle_by_value(ray_hosts)  # the nodes need not import Cadence for it
         self.Host = ray.remote(ray_hosts.ProcessHost)
-        self.learner_files, self.actor_files = _keys() if self.launch.curve else ({}, {})
-        self.learner_files = {**self.learner_files,
-                              "config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False).encode()}
+        self.keys_dir = os.path.join(ray_status.launch_dir(self.run_dir), "keys")
+        self.actor_files = _keys(self.keys_dir) if self.launch.curve else {}
+        self.learner_files = {"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False).encode()}
         try:
             return self._supervise()
         finally:
@@ -206,7 +205,7 @@ class RayLaunch:
         overrides = [f"run.dir={self.run_dir}", "run.resume=auto", "actors.processes=0", "actors.num_actors=0",
                      f"actors.listen=tcp://{leader_ip}:0", "learner.processes=1"]
         if self.launch.curve:
-            overrides.append("actors.keys_dir={dir}/keys")
+            overrides.append(f"actors.keys_dir={self.keys_dir}")  # on the run dir, which learner nodes see
         env = self._env()
         if size > 1:
             port = ray.get(hosts[0].free_port.remote(), timeout=HOST_TIMEOUT_S)
@@ -264,7 +263,7 @@ class RayLaunch:
                     self.message(f"capacity for {self.target} learner processes is back: checkpointing "
                                  "to grow the group")
                     g.asked_to_stop = True
-                    ray.get(g.hosts[0].signal.remote(signal.SIGTERM))
+                    ray.get(g.hosts[0].signal.remote(signal.SIGTERM), timeout=HOST_TIMEOUT_S)
             time.sleep(POLL_S)
 
     def _poll(self, hosts) -> tuple[list, list[int]]:
