@@ -29,6 +29,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
+from launch.ray_status import last_metrics  # noqa: E402
 from launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, enter_private_network  # noqa: E402
 from time_to_target import TARGET, run_once  # noqa: E402
 
@@ -41,16 +42,24 @@ def run_ray(address: str, seed: int, max_steps: int, workdir: str) -> dict:
             f"actors.seed={seed}", f"task.seed={seed}"]
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_ENABLE_COMPILATION_CACHE="false")
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "launch", "ray", "--address", address, *args],
-                         capture_output=True, text=True, env=env, cwd=ROOT)
-    process_seconds = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise RuntimeError(f"ray seed {seed} failed:\n{out.stderr[-3000:]}")
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "launch", "ray", "--address", address, *args],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
+        first_step = None
+        while proc.poll() is None and first_step is None:  # the command's start -> the first update's metrics line
+            if last_metrics(run_dir).get("step", 0) >= 1:
+                first_step = time.perf_counter() - t0
+            time.sleep(0.2)
+        out, _ = proc.communicate()
+        process_seconds = time.perf_counter() - t0
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"ray seed {seed} failed:\n{err.read()[-3000:]}")
+    summary = json.loads(out.strip().splitlines()[-1])
     hit = summary["target_reached_at"]
     return {"seed": seed, "reached": hit is not None, "wall_seconds": hit["wall_time"] if hit else None,
             "process_seconds": process_seconds if hit else None, "samples": hit["samples"] if hit else None,
-            "first_step_seconds": summary["launch"]["first_step_seconds"],
+            "first_step_seconds": first_step, "driver_first_step_seconds": summary["launch"]["first_step_seconds"],
             "final_exact_match": summary["final_eval"]["eval/exact_match"]}
 
 

@@ -117,7 +117,8 @@ def run_dir():
 def test_sort6_to_target_learner_on_head_actors_on_worker(cluster_up, run_dir):
     proc = launch(cluster_up, run_dir, *PLACE, "actors.processes=2", "run.stop_at_exact_match=0.5",
                   "run.steps=800", "task.heldout_size=128", "run.progress=false")
-    st = wait_for(lambda: (s := status(run_dir)) and len(s["actors"]["hosts"]) == 2 and s, 600, "2 actors", proc)
+    st = wait_for(lambda: (s := status(run_dir)) and len(s["actors"]["hosts"]) == 2 and
+                  all(h["state"] == "running" for h in s["actors"]["hosts"]) and s, 600, "2 actors", proc)
     nodes = node_ids(st)
     assert [h["node_id"] for h in st["learner"]["hosts"]] == [nodes[HEAD_RESOURCE]]
     assert {h["node_id"] for h in st["actors"]["hosts"]} == {nodes[WORKER_RESOURCE]}
