@@ -34,6 +34,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from launch import ray_hosts, ray_status
+from launch.ray_actors import ActorFleet, LogGatherer
 from launch.config_loader import to_dict
 from launch.pipeline import ENDPOINT_FILE
 from learner import multihost
@@ -70,6 +71,7 @@ class _Group:
         self.pg, self.hosts, self.size, self.started = pg, hosts, size, started
         self.infos: list[dict] = []
         self.asked_to_stop = False  # our SIGTERM (a stop, or growing back): exit 0 is not "finished"
+        self.ended = False
 
 
 class RayLaunch:
@@ -82,13 +84,8 @@ class RayLaunch:
         self.learner_restarts = 0
         self.shrinks: list[dict] = []
         self.group: _Group | None = None
-        self.actors: list = []
-        self.actor_infos: dict[str, dict] = {}
-        self.actor_restarts: dict[str, int] = {}
-        self.actor_endpoint = ""
-        self.actor_pgs: list = []
+        self.fleet: ActorFleet | None = None
         self.first_step_seconds: float | None = None
-        self.log_offsets: dict[str, tuple[int, int]] = {}  # name -> (host pid, bytes gathered)
         self.state = "starting"
         self._stop = threading.Event()
         self._last_grow_check = 0.0
@@ -96,7 +93,7 @@ class RayLaunch:
     # -- the whole job ----------------------------------------------------------------------
     def run(self) -> int:
         os.makedirs(ray_status.launch_dir(self.run_dir), exist_ok=True)
-        os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
+        self.logs = LogGatherer(self.run_dir)
         stale_stop = os.path.join(ray_status.launch_dir(self.run_dir), ray_status.STOP_FILE)
         if os.path.exists(stale_stop):
             os.remove(stale_stop)  # a stop asked of an earlier launch of this run
@@ -106,10 +103,16 @@ class RayLaunch:
         ray.cloudpickle.register_pickle_by_value(ray_hosts)  # the nodes need not import Cadence for it
         self.Host = ray.remote(ray_hosts.ProcessHost)
         self.keys_dir = os.path.join(ray_status.launch_dir(self.run_dir), "keys")
-        self.actor_files = _keys(self.keys_dir) if self.launch.curve else {}
+        actor_files = _keys(self.keys_dir) if self.launch.curve else {}
         self.learner_files = {"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False).encode()}
+        self.fleet = ActorFleet(self.Host, self.cfg.actors.processes,
+                                lambda pg: self._host_options("actor", pg, 0, self.launch.actor_max_restarts),
+                                self._env(), actor_files, self.launch.curve, self.logs, self.message)
         try:
             return self._supervise()
+        except BaseException:
+            self.state = "failed"
+            raise
         finally:
             self._teardown()
             for s, h in old.items():
@@ -248,14 +251,14 @@ class RayLaunch:
             if bad:
                 self._end_group(g)
                 return f"learner-{bad[0]} exited with {codes[bad[0]]}"
-            if not self.actors and self._endpoint_ready(g):
-                self._start_actors()
+            if not self.fleet.hosts and self._endpoint_ready(g):
+                self.fleet.start(self._endpoint(), self._bundle("actor"))
             now = time.time()
             if now - last_slow >= 1.0:
                 last_slow = now
-                if self.actors:
+                if self.fleet.hosts:
                     self._check_endpoint(g)
-                    self._poll_actors()
+                    self.fleet.poll()
                 self._first_step()
                 self._gather_logs(g)
                 self._write_status()
@@ -291,6 +294,9 @@ class RayLaunch:
         return outcome
 
     def _end_group(self, g: _Group) -> None:
+        if g.ended:
+            return
+        g.ended = True
         self._gather_logs(g)
         for h in g.hosts:
             try:
@@ -321,79 +327,18 @@ class RayLaunch:
         with open(os.path.join(self.run_dir, ENDPOINT_FILE)) as f:
             return json.load(f)["dispatch"]
 
-    def _start_actors(self) -> None:
-        self.actor_endpoint = self._endpoint()
-        n = self.cfg.actors.processes
-        self.actor_pgs = [placement_group([self._bundle("actor")], strategy="PACK") for _ in range(n)]
-        keys = ["--keys", "{dir}/keys"] if self.launch.curve else []
-        self.actors = []
-        for i, pg in enumerate(self.actor_pgs):
-            argv = ["-m", "launch.cli", "actor", "--connect", self.actor_endpoint, "--id", f"actor-{i}"]
-            opts = self._host_options("actor", pg, 0, self.launch.actor_max_restarts)
-            self.actors.append(self.Host.options(**opts).remote(f"actor-{i}", argv, self._env(), self.actor_files,
-                                                                keys))
-        self.message(f"{n} actor processes placed (connecting to {self.actor_endpoint})")
-
     def _check_endpoint(self, g: _Group) -> None:
         """A learner restarted elsewhere listens elsewhere: the actors start again, pointed there."""
-        if self._endpoint_ready(g) and self._endpoint() != self.actor_endpoint:
+        if self._endpoint_ready(g) and self._endpoint() != self.fleet.endpoint:
             self.message(f"the learner moved to {self._endpoint()}; restarting the actors")
-            self._stop_actors()
-            self._start_actors()
-
-    def _poll_actors(self) -> None:
-        refs = {f"actor-{i}": h.info.remote() for i, h in enumerate(self.actors)}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=2.0)
-        for name, ref in refs.items():
-            if ref not in ready:  # being restarted by Ray, or busy
-                self.actor_infos.setdefault(name, {})["state"] = "no answer"
-                continue
-            try:
-                info = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                self.actor_infos.setdefault(name, {})["state"] = "dead"
-                continue
-            old = self.actor_infos.get(name, {})
-            if old.get("host_pid") not in (None, info["host_pid"]) or old.get("node_id") not in (None, info["node_id"]):
-                self.actor_restarts[name] = self.actor_restarts.get(name, 0) + 1
-            info["state"] = "running" if info["exit"] is None else f"exited {info['exit']}"
-            self.actor_infos[name] = info
-            self._gather_one(name, self.actors[int(name.split("-")[1])], info["host_pid"])
-
-    def _stop_actors(self) -> None:
-        for name, h in zip([f"actor-{i}" for i in range(len(self.actors))], self.actors):
-            try:
-                ray.get(h.stop.remote(10.0), timeout=20)
-                self._gather_one(name, h, self.actor_infos.get(name, {}).get("host_pid"))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                pass
-            ray.kill(h, no_restart=True)
-        for pg in self.actor_pgs:
-            remove_placement_group(pg)
-        self.actors, self.actor_pgs = [], []
+            self.fleet.stop()
+            self.fleet.start(self._endpoint(), self._bundle("actor"))
 
     # -- logs and status --------------------------------------------------------------------
     def _gather_logs(self, g: _Group) -> None:
         for i, h in enumerate(g.hosts):
             pid = g.infos[i]["host_pid"] if i < len(g.infos) else None
-            self._gather_one(f"learner-{i}", h, pid)
-
-    def _gather_one(self, name: str, host, host_pid) -> None:
-        """Appends what the process wrote since last time to RUN_DIR/logs/NAME.log."""
-        last_pid, offset = self.log_offsets.get(name, (host_pid, 0))
-        if host_pid != last_pid:  # a restarted host starts a new output file
-            offset = 0
-        try:
-            while True:
-                chunk = ray.get(host.read_log.remote(offset), timeout=10)
-                if not chunk:
-                    break
-                with open(os.path.join(self.run_dir, "logs", f"{name}.log"), "ab") as f:
-                    f.write(chunk)
-                offset += len(chunk)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass
-        self.log_offsets[name] = (host_pid, offset)
+            self.logs.gather(f"learner-{i}", h, pid)
 
     def _first_step(self) -> None:
         if self.first_step_seconds is None and ray_status.last_metrics(self.run_dir).get("step", 0) >= 1:
@@ -410,11 +355,7 @@ class RayLaunch:
                         "shrinks": self.shrinks,
                         "hosts": [{k: inf.get(k) for k in ("name", "node_ip", "node_id", "pid")}
                                   for inf in (g.infos if g else [])]},
-            "actors": {"processes": len(self.actors), "endpoint": self.actor_endpoint,
-                       "restarts": sum(self.actor_restarts.values()),
-                       "hosts": [{"name": name, "restarts": self.actor_restarts.get(name, 0),
-                                  **{k: inf.get(k) for k in ("state", "node_ip", "node_id", "pid")}}
-                                 for name, inf in sorted(self.actor_infos.items())]},
+            "actors": self.fleet.status() if self.fleet else {},
             "nodes": nodes,
         })
 
@@ -424,13 +365,15 @@ class RayLaunch:
             with open(path) as f:
                 summary = json.load(f)
             summary["launch"] = {"learner_restarts": self.learner_restarts, "shrinks": self.shrinks,
-                                 "actor_restarts": sum(self.actor_restarts.values()),
+                                 "actor_restarts": sum(self.fleet.restarts.values()),
                                  "first_step_seconds": self.first_step_seconds}
             print(json.dumps(summary), flush=True)
 
     def _teardown(self) -> None:
-        if self.actors:
-            self._stop_actors()
+        if self.group is not None and not self.group.ended:  # the driver itself failed or was interrupted
+            self._end_group(self.group)
+        if self.fleet is not None and self.fleet.hosts:
+            self.fleet.stop()
         try:
             self._write_status()
         except Exception as e:  # the cluster may be gone; the status file keeps its last state
