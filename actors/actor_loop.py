@@ -4,7 +4,9 @@
     actor = Actor("actor-0", engine, task, client, weights, group_size=8, prompts_per_call=16, seed=0)
     actor.run(stop_event)
     # each round: client.request -> weights.ensure(grant.version) -> [engine.sync_weights]
-    #             -> engine.generate -> task.reward -> client.send_groups
+    #             -> generate_rollouts (engine.generate, or multi-turn episodes: actors/episodes.py)
+    #             -> score_rollouts (the task's reward, inline / worker pool / HTTP: actors/rewards/)
+    #             -> client.send_groups
 
 The same loop runs as a thread in the learner's process (over `inproc://`, weights by reference)
 and in actor processes on any host (over `tcp://`, weights fetched as bytes): the dispatcher
@@ -24,8 +26,9 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 
+from actors.episodes import build_groups, generate_rollouts
+from actors.rewards import InlineScorer, Scorer, score_rollouts
 from actors.tasks.base import Prompt, Task
 from protocols.messages import EngineTimings, Grant, RolloutGroup
 
@@ -51,10 +54,11 @@ class Actor:
       weights: `latest() -> (params, version)` and `ensure(version)` (in-process or fetched).
       seed: sampling seed; every actor of a run uses the same one, since keys are folded with the
         prompt index: a re-issued prompt is sampled the same on whichever actor gets it.
+      scorer: where rewards run (actors/rewards/: inline, a worker pool, an HTTP server).
     """
 
     def __init__(self, actor_id: str, engine: Any, task: Task, client: Any, weights: Any, group_size: int,
-                 prompts_per_call: int, seed: int):
+                 prompts_per_call: int, seed: int, scorer: Scorer | None = None):
         self.actor_id = actor_id
         self.engine = engine
         self.task = task
@@ -65,6 +69,7 @@ class Actor:
         self.rng = jax.random.key(seed)
         self.stats = ActorStats()
         self.error: BaseException | None = None
+        self.scorer = scorer if scorer is not None else InlineScorer(task)
 
     def set_concurrency(self, prompts_per_call: int) -> None:
         self.prompts_per_call = max(1, int(prompts_per_call))
@@ -95,40 +100,23 @@ class Actor:
         # The key is a function of the prompts, not of how many calls came before, so a prompt
         # re-issued after a resume is sampled exactly as it would have been.
         key = jax.random.fold_in(self.rng, prompts[0].index)
-        rows = [list(p.tokens) for p in prompts for _ in range(G)]
+        rows = [p for p in prompts for _ in range(G)]
         started_at = time.time()
-        result = self.engine.generate(params, rows, key)
+        # ---- generation: one engine call, or multi-turn episodes (actors/episodes.py) ----
+        out = generate_rollouts(self.engine, params, self.task, rows, key)
         finished_at = time.time()
         seconds = finished_at - started_at
-        # Server engines report the version each row actually came from; a group is as old as its
-        # oldest row.
-        row_versions = getattr(result, "policy_versions", None)
-        engine_name = getattr(self.engine, "name", "jax")
+        # ---- scoring: one call per engine result (actors/rewards/); episodes bring their own ----
         self._phase("scoring")
-        groups = []
-        for i, prompt in enumerate(prompts):
-            completions, logprobs, rewards, exact = [], [], [], []
-            for r in range(i * G, (i + 1) * G):
-                n = int(result.lengths[r])
-                ids = result.tokens[r, :n].tolist()
-                completions.append(ids)
-                logprobs.append(result.logprobs[r, :n].astype(np.float64).tolist())
-                rewards.append(float(self.task.reward(prompt, ids)))
-                exact.append(bool(self.task.exact_match(prompt, ids)))
-            tokens = sum(len(c) for c in completions)
-            groups.append(RolloutGroup(
-                prompt_id=prompt.prompt_id, task=self.task.name, prompt_tokens=list(prompt.tokens),
-                completion_tokens=completions, behavior_logprobs=logprobs, rewards=rewards,
-                exact_match=exact, actor_id=self.actor_id,
-                policy_version=version if row_versions is None else int(min(row_versions[i * G:(i + 1) * G])),
-                timings=EngineTimings(queued_at=queued_at, started_at=started_at,
-                                      finished_at=finished_at,
-                                      generate_seconds=seconds * tokens / max(int(result.lengths.sum()), 1),
-                                      num_tokens=tokens, engine=engine_name),
-                grant_id="" if grant is None else grant.grant_id))
+        scores = score_rollouts(self.scorer, self.task, prompts, out)
+        groups = build_groups(self.task.name, self.actor_id, prompts, out, scores, version,
+                              EngineTimings(queued_at=queued_at, started_at=started_at, finished_at=finished_at,
+                                            generate_seconds=seconds, num_tokens=out.generated_tokens,
+                                            engine=getattr(self.engine, "name", "jax")),
+                              grant_id="" if grant is None else grant.grant_id)
         self.stats.calls += 1
         self.stats.generate_seconds += seconds
-        self.stats.tokens += int(result.lengths.sum())
+        self.stats.tokens += out.generated_tokens
         return groups
 
     def run(self, stop: threading.Event) -> None:

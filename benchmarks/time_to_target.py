@@ -4,6 +4,8 @@ Each run is a fresh `cadence train` process (compilation included, cold caches),
 first evaluation that reaches the target. Setups, in one invocation:
   default        the defaults (asynchronous, max_staleness=1)
   default-sync   the same with actors.max_staleness=0 (synchronous, on-policy)
+  default-inline the default with rewards scored inline in the actor thread (task.reward_workers=0)
+                 instead of the worker pool: what the pool costs the default run
   reference      benchmarks/configs/reference.yaml: the PyTorch GRPO trainer's setup
                  (135k-param Llama, 30 warm-up steps, 16 prompts x 8, Adam 3e-4, no KL)
   processes-1    the default with actors.processes=1 (the actor in its own process, over ZeroMQ)
@@ -28,6 +30,7 @@ TARGET = 0.5
 SETUPS = {
     "default": [],
     "default-sync": ["actors.max_staleness=0"],
+    "default-inline": ["task.reward_workers=0"],
     "reference": ["--config", os.path.join(HERE, "configs", "reference.yaml")],
     "processes-1": ["actors.processes=1"],  # the default with its actor in a process of its own
 }
@@ -79,13 +82,18 @@ def median(runs, key):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    p.add_argument("--setups", nargs="+", default=["default", "default-sync", "reference"], choices=list(SETUPS))
     p.add_argument("--max-steps", type=int, default=1500)
     a = p.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as work:
-        for setup in a.setups:
-            runs = [run_once(setup, s, a.max_steps, work) for s in a.seeds]
+        # Seeds outer, setups inner: on a shared machine, load changes over minutes hit every
+        # setup alike instead of whichever ran last.
+        by_setup = {setup: [] for setup in a.setups}
+        for s in a.seeds:
+            for setup in a.setups:
+                by_setup[setup].append(run_once(setup, s, a.max_steps, work))
+        for setup, runs in by_setup.items():
             line = {"bench": "time_to_target", "setup": setup, "target_exact_match": TARGET,
                     "seeds": a.seeds, "reached": sum(r["reached"] for r in runs)}
             for key in ("wall_seconds", "process_seconds", "samples", "steps", "startup_seconds",
@@ -95,6 +103,13 @@ def main() -> None:
             line["runs"] = runs
             results[setup] = line
             print(json.dumps(line), flush=True)
+    if "default" in results and "default-inline" in results:
+        d, i = results["default"], results["default-inline"]
+        print(json.dumps({"bench": "reward_pool_vs_inline", "pool_wall_seconds": d["wall_seconds"],
+                          "inline_wall_seconds": i["wall_seconds"],
+                          "time_ratio": (d["wall_seconds"] / i["wall_seconds"])
+                          if d["wall_seconds"] and i["wall_seconds"] else None,
+                          "pool_samples": d["samples"], "inline_samples": i["samples"]}))
     if "default" in results and "default-sync" in results:
         d, s = results["default"], results["default-sync"]
         ratio = (d["wall_seconds"] / s["wall_seconds"]) if d["wall_seconds"] and s["wall_seconds"] else None

@@ -119,7 +119,7 @@ def bench_transport(shape, n, cap):
 def bench_dispatch(shape, n, cap):
     import zmq
     from actors.prompt_stream import PromptStream
-    from actors.tasks.base import make_task
+    from actors.tasks.registry import make_task
     from actors.tasks.config import TaskConfig
     from protocols.admission import AdmissionGate
     from protocols.dispatch import DispatchServer, Dispatcher, DispatchSettings

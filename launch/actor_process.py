@@ -56,6 +56,7 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
         if client.session and client.session != session:  # the learner restarted and took us back
             session = client.session
             log(f"{actor_id}: joined session {session} (the learner restarted)")
+    actor.scorer.close()  # its reward workers
     if actor.error is not None:  # the worker already said Goodbye with the error
         log(f"{actor_id}: failed: {type(actor.error).__name__}: {actor.error}")
         return EXIT_FAILED
@@ -76,7 +77,8 @@ def _build(welcome, client, actor_id, ctx, keys, log):
     from actors.actor_loop import Actor
     from actors.engine import JaxEngine
     from actors.remote_weights import RemoteWeights
-    from actors.tasks.base import make_task
+    from actors.rewards import make_scorer
+    from actors.tasks.registry import make_task
     from launch import config_loader
     from launch.config import Config
     from launch.policy import build_policy
@@ -95,7 +97,7 @@ def _build(welcome, client, actor_id, ctx, keys, log):
     log(f"{actor_id}: joined session {welcome.session} (task {task.name}, {cfg.learner.group_size} completions "
         f"per prompt, {welcome.concurrency} prompts per call)")
     return Actor(actor_id, engine, task, client, weights, cfg.learner.group_size, welcome.concurrency,
-                 cfg.actors.seed)
+                 cfg.actors.seed, scorer=make_scorer(cfg.task, task, policy.tokenizer))
 
 
 def main(endpoint: str, actor_id: str, keys_dir: str) -> int:

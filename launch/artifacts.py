@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import shlex
 import sys
 
@@ -14,7 +15,9 @@ from launch import config_loader
 
 def default_run_dir(cfg) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{cfg.task.name}-{stamp}")
+    # A plug-in's name may be a path or module:factory: keep a plain folder name.
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.task.name.rsplit("/", 1)[-1]).strip("-.") or "task"
+    return os.path.join("runs", f"{name}-{stamp}")
 
 
 def prepare_run_dir(cfg, run_dir: str, overwrite: bool = False) -> str:

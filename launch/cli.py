@@ -7,11 +7,16 @@
     cadence experiment NAME [--quick] [key=value ...]   batch-invariance | throughput | decision-rule
     cadence actor --connect ENDPOINT [--keys DIR]       join a running learner as an actor process
     cadence keys DIR                                    write CurveZMQ keys (actors.keys_dir=DIR)
+    cadence status RUN_DIR [--watch] [--json]           is the run healthy? (one screen)
+    cadence report RUN_DIR [RUN_DIR ...] [--out FILE]   one self-contained HTML file of plots
     cadence launch ray [--address ADDR] [--config FILE ...] [key=value ...]   the run on a Ray cluster
     cadence launch ray --status RUN_DIR | --stop RUN_DIR                      its processes; a clean stop
 
 Exit status: 0 done (also after SIGTERM/SIGINT with a final checkpoint), 1 runtime failure,
 2 bad config (the message names the key), 3 nothing to do (the run already finished).
+`cadence status` exits with the run's state: 0 running, 4 finished, 5 preempted (SIGTERM/SIGINT
+with a final checkpoint; resume it), 6 dead (killed, crashed, or its heartbeat went stale), and
+1 when RUN_DIR is not a run directory.
 """
 from __future__ import annotations
 
@@ -63,6 +68,14 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--id", default="", help="actor name, unique among the run's actors (default HOST-PID)")
     k = sub.add_parser("keys", help="write a CurveZMQ key set for actors.keys_dir")
     k.add_argument("dir")
+    s = sub.add_parser("status", help="state, progress, throughput and ETA of a run (exit code = state)")
+    s.add_argument("run_dir")
+    s.add_argument("--watch", action="store_true", help="refresh until the run stops running (Ctrl-C to leave)")
+    s.add_argument("--interval", type=float, default=2.0, help="--watch refresh period, seconds")
+    s.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    r = sub.add_parser("report", help="an HTML report with plots comparing runs (no network needed to view)")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    r.add_argument("--out", default=None, help="output file (default RUN_DIR/report.html, or ./report.html for several)")
     lr = sub.add_parser("launch", help="run on a cluster: `cadence launch ray` (pip install 'cadence-rl[ray]')")
     lr.add_argument("backend", choices=["ray"])
     lr.add_argument("--address", default=None, help="Ray cluster address HOST:PORT (default: $RAY_ADDRESS, "
@@ -135,7 +148,7 @@ def cmd_eval(args) -> int:
     except ConfigError as e:
         return _fail(f"config error in {cfg_path}: {e}", EXIT_CONFIG)
     from actors.engine import JaxEngine
-    from actors.tasks.base import make_task
+    from actors.tasks.registry import make_task
     from launch import artifacts
     from launch.policy import build_policy
     from launch.train import evaluate
@@ -220,6 +233,38 @@ def cmd_keys(args) -> int:
     return 0
 
 
+def cmd_status(args) -> int:
+    from rich.console import Console
+
+    from launch import status
+
+    try:
+        st = status.run_status(args.run_dir)
+    except status.NotARun as e:
+        return _fail(str(e), status.EXIT_NOT_A_RUN)
+    if args.json:
+        print(json.dumps(st))
+    elif args.watch:
+        st = status.watch(args.run_dir, args.interval, Console())
+    else:
+        Console().print(status.render(st))
+    return status.EXIT_CODES[st["state"]]
+
+
+def cmd_report(args) -> int:
+    from launch.report import write_report
+    from launch.status import NotARun
+
+    try:
+        path = write_report(args.run_dirs, args.out)
+    except NotARun as e:
+        return _fail(str(e), 1)
+    except ImportError as e:  # matplotlib missing
+        return _fail(str(e), 1)
+    print(json.dumps({"report": path}))
+    return 0
+
+
 _OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
 _ONE_VALUE = {"--out", "--config", "--max-samples", "--eval-samples", "--target", "--metric"}
 
@@ -258,6 +303,10 @@ def main(argv=None) -> int:
         return actor_main(args.connect, args.id or default_actor_id(), args.keys)
     if args.command == "keys":
         return cmd_keys(args)
+    if args.command == "status":
+        return cmd_status(args)
+    if args.command == "report":
+        return cmd_report(args)
     if args.command == "launch":
         return cmd_launch(args)
     return cmd_eval(args)

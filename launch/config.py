@@ -11,6 +11,7 @@ from typing import Literal
 
 from actors.config import ActorsConfig
 from actors.engine import EngineConfig
+from actors.tasks.base import is_multi_turn
 from actors.tasks.config import TaskConfig
 from launch import config_loader
 from launch.config_loader import ConfigError
@@ -31,6 +32,13 @@ class RunConfig:
     progress: bool = True  # print a progress line per evaluation / every few steps
     resume: Literal["no", "auto", "yes"] = "no"  # continue from run.dir's newest checkpoint (auto: if any)
     log_every: int = 5  # progress line every this many updates
+    # Watching a run (launch/sinks.py; metrics.jsonl is always written):
+    loggers: tuple[Literal["jsonl", "tensorboard", "wandb"], ...] = ("jsonl",)  # metric sinks: tensorboard = RUN_DIR/tensorboard, wandb = W&B (WANDB_MODE=offline works without network)
+    wandb_project: str = "cadence"  # W&B project; the W&B run id is kept in RUN_DIR/wandb.json so --resume continues the same W&B run
+    wandb_entity: str = ""  # W&B team or user ("" = the logged-in account's default)
+    prometheus_port: int = 0  # serve Prometheus /metrics on this port (0 = off)
+    prometheus_host: str = "127.0.0.1"  # address /metrics binds to: loopback unless set (0.0.0.0 exposes it to the network)
+    heartbeat_seconds: float = 5.0  # RUN_DIR/heartbeat.json is rewritten this often; `cadence status` reads it
     # After a resume, record a SHA-256 of the restored params in summary["resumed_from"] (checks a
     # reshard onto another process count; gathers the params on process 0 once).
     resume_digest: bool = False
@@ -48,6 +56,16 @@ class RunConfig:
             raise ValueError(f"max_samples: must be >= 0, got {self.max_samples}")
         if self.log_every < 1:
             raise ValueError(f"log_every: must be >= 1, got {self.log_every}")
+        if len(set(self.loggers)) != len(self.loggers):
+            raise ValueError(f"loggers: each sink once, got {list(self.loggers)}")
+        if not 0 <= self.prometheus_port <= 65535:
+            raise ValueError(f"prometheus_port: must be a TCP port in 1..65535 (0 = off), got {self.prometheus_port}")
+        if self.prometheus_port and not self.prometheus_host:
+            raise ValueError("prometheus_host: must name an address to bind (127.0.0.1 = this machine only)")
+        if "wandb" in self.loggers and not self.wandb_project:
+            raise ValueError("wandb_project: must be set when loggers has wandb")
+        if self.heartbeat_seconds <= 0:
+            raise ValueError(f"heartbeat_seconds: must be > 0, got {self.heartbeat_seconds}")
 
 
 _STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -121,7 +139,7 @@ class Config:
 
     def validate(self) -> None:
         """Checks spanning sections (each section validated itself already)."""
-        from actors.tasks.base import make_task
+        from actors.tasks.registry import make_task
         from launch.policy import load_tokenizer, resolve_model_config
 
         if self.task.name == "jsonl" and not self.model.path:
@@ -135,15 +153,21 @@ class Config:
         try:
             task = make_task(self.task, tokenizer)
         except OSError as e:
-            raise ConfigError(f"task.path: {e}") from None
+            raise ConfigError(f"task.{'path' if self.task.name == 'jsonl' else 'args'}: {e}") from None
         except ValueError as e:  # "<field>: <problem>" of the task section
             raise ConfigError(f"task.{e}") from None
-        if self.engine.max_new_tokens < task.max_completion_len:
-            detail = "the longest answer" if self.task.name == "jsonl" else f"task.num_digits={self.task.num_digits}"
+        except Exception as e:  # noqa: BLE001 - a plug-in task's own factory failed
+            raise ConfigError(f"task.name: building the task {self.task.name!r} failed: "
+                              f"{type(e).__name__}: {e}") from None
+        multi_turn = is_multi_turn(task)
+        if not multi_turn and self.engine.max_new_tokens < task.max_completion_len:
+            detail = {"jsonl": "the longest answer", "sort": f"task.num_digits={self.task.num_digits}",
+                      "add_reversed": f"task.num_digits={self.task.num_digits}"}.get(self.task.name, "this task")
             raise ConfigError(
                 f"engine.max_new_tokens: {self.engine.max_new_tokens} is shorter than the task's "
                 f"answers ({task.max_completion_len} tokens with {detail})")
-        need = task.max_prompt_len + self.engine.max_new_tokens
+        # A multi-turn context grows to prompt + episode budget, and each turn may add max_new_tokens.
+        need = task.max_prompt_len + self.engine.max_new_tokens + (task.max_completion_len if multi_turn else 0)
         if model.max_seq_len < need:
             where = f"the checkpoint's max_position_embeddings ({model.max_seq_len})" if model.path else \
                 f"{model.max_seq_len}"
@@ -167,7 +191,15 @@ def load_config(files=(), overrides=()) -> Config:
     return config_loader.build(Config(), list(files), list(overrides))
 
 
-def seq_len(cfg: Config, max_prompt_len: int) -> int:
-    """Fixed training sequence length: prompt + completion, rounded up to a multiple of 8."""
-    n = max_prompt_len + cfg.engine.max_new_tokens
+def completion_budget(cfg: Config, task=None) -> int:
+    """Tokens after the prompt in a training row: engine.max_new_tokens, or for a multi-turn task
+    the whole episode (task.max_completion_len: every turn and observation)."""
+    if task is not None and is_multi_turn(task):
+        return int(task.max_completion_len)
+    return cfg.engine.max_new_tokens
+
+
+def seq_len(cfg: Config, max_prompt_len: int, task=None) -> int:
+    """Fixed training sequence length: prompt + completion budget, rounded up to a multiple of 8."""
+    n = max_prompt_len + completion_budget(cfg, task)
     return -(-n // 8) * 8

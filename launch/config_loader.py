@@ -7,6 +7,7 @@ checking every key and value on the way: an unknown key, a wrong type or a value
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import types
@@ -79,6 +80,15 @@ def coerce(key: str, hint, value: Any) -> Any:
         if value not in choices:
             raise ConfigError(f"{key}: {value!r} is not {_type_name(hint)}")
         return value
+    if origin in (dict, collections.abc.Mapping):
+        # A free-form mapping (a plug-in task's args): string keys, YAML values; its owner checks them.
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping (e.g. {key}.NAME=VALUE or {key}={{NAME: VALUE}}), "
+                              f"got {value!r}")
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"{key}: keys must be strings, got {bad[0]!r}")
+        return dict(value)
     if origin is tuple:
         args = typing.get_args(hint)
         if not isinstance(value, (list, tuple)):
@@ -124,6 +134,9 @@ def merge(node, data: dict, root_cls=None, prefix: str = ""):
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
             changes[name] = merge(getattr(node, name), value, root_cls, key + ".")
+        elif typing.get_origin(hint) in (dict, collections.abc.Mapping) and isinstance(value, dict):
+            # Mappings merge key by key, so a file's task.args and a task.args.x=1 override combine.
+            changes[name] = {**getattr(node, name), **coerce(key, hint, value)}
         else:
             changes[name] = coerce(key, hint, value)
     return dataclasses.replace(node, **changes)
@@ -212,6 +225,8 @@ def to_dict(node) -> dict:
             out[f.name] = to_dict(v)
         elif isinstance(v, tuple):
             out[f.name] = list(v)
+        elif isinstance(v, collections.abc.Mapping):
+            out[f.name] = dict(v)
         else:
             out[f.name] = v
     return out

@@ -37,6 +37,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _with_parent(signum: int) -> Callable[[], None]:
+    """preexec_fn: a session of its own (a terminal's Ctrl-C reaches only this launcher, which
+    passes it on once), and signum when the launcher dies (Linux; elsewhere only the session)."""
+
+    def setup() -> None:
+        os.setsid()
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    return setup
+
+
 def run_local_group(train_args: list[str], num_processes: int, run_dir: str) -> int:
     """Starts `cadence train *train_args` as num_processes learner processes; returns process
     0's exit status (non-zero if any process failed). SIGINT/SIGTERM go to process 0, which saves
@@ -45,9 +61,10 @@ def run_local_group(train_args: list[str], num_processes: int, run_dir: str) -> 
            multihost.ENV_NUM_PROCESSES: str(num_processes)}
     cmd = [sys.executable, "-m", "launch.cli", "train", *train_args, f"run.dir={run_dir}"]
     procs = []
-    for i in range(num_processes):
+    for i in range(num_processes):  # process 0 checkpoints if the launcher dies; the others just go
         procs.append(subprocess.Popen(cmd, env={**env, multihost.ENV_PROCESS_ID: str(i)},
-                                      stdout=None if i == 0 else subprocess.DEVNULL))
+                                      stdout=None if i == 0 else subprocess.DEVNULL,
+                                      preexec_fn=_with_parent(signal.SIGTERM if i == 0 else signal.SIGKILL)))
     leader = procs[0]
 
     def forward(signum, frame):

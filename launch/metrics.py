@@ -53,14 +53,18 @@ class Progress:
     def line(self, m: dict) -> None:
         if not self.enabled:
             return
+        # held-out exact match for tasks with answers; their reward for tasks without
         if m.get("eval/exact_match") is not None:
-            self.last_eval = m["eval/exact_match"]
-        ev = "   -  " if self.last_eval is None else f"{self.last_eval:6.3f}"
+            self.last_eval = ("heldout EM", m["eval/exact_match"])
+        elif m.get("eval/reward") is not None:
+            self.last_eval = ("heldout reward", m["eval/reward"])
+        label, value = self.last_eval or ("heldout EM", None)
+        ev = f"{label} " + ("   -  " if value is None else f"{value:6.3f}")
         parts = [
             f"step {m['step']:>4}",
             f"samples {m['samples']:>7}",
             f"reward {m['reward/mean']:.3f}",
-            f"heldout EM {ev}",
+            ev,
             f"gen {_fmt_k(m.get('actors/tokens_per_second', 0.0))} tok/s",
             f"train {_fmt_k(m.get('learner/tokens_per_second', 0.0))} tok/s",
             f"stale {m['staleness/mean']:.2f} (max {m['staleness/max']})",

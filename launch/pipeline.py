@@ -42,7 +42,7 @@ ENDPOINT_FILE = "endpoint.json"
 
 class Pipeline:
     def __init__(self, cfg, run_dir: str, task, stream, ledger: SampleLedger, gate: AdmissionGate,
-                 weights: InProcessWeights, engine, restored_groups, progress, config_dict: dict):
+                 weights: InProcessWeights, engine, restored_groups, progress, config_dict: dict, scorer=None):
         a = cfg.actors
         self.cfg, self.run_dir, self.progress = a, run_dir, progress
         self.weights, self.engine = weights, engine
@@ -88,7 +88,7 @@ class Pipeline:
                                       max_bytes=int(a.max_message_mb * (1 << 20)), heartbeat_seconds=a.heartbeat_seconds,
                                       learner_timeout_seconds=a.heartbeat_timeout_seconds)
             self.actors.append(Actor(actor_id, engine, task, client, weights, cfg.learner.group_size,
-                                     a.prompts_per_call, a.seed))
+                                     a.prompts_per_call, a.seed, scorer=scorer))
             self._thread_ids.add(actor_id)
         if a.processes:
             self.supervisor = ActorSupervisor(a.processes, self.endpoint, run_dir, keys_dir=a.keys_dir,

@@ -1,7 +1,7 @@
 """After every update: held-out evaluation when due, one metrics line, the progress line, the
 target check, and the periodic checkpoint. `on_step` is what LearnerLoop.run calls back.
 
-    rec = Recorder(cfg.run, writer, progress, evaluate, checkpointer, summary, clock, snapshot)
+    rec = Recorder(cfg.run, sinks, progress, evaluate, checkpointer, summary, clock, snapshot)
     state = loop.run(state, steps, on_step=rec.on_step, ...)
     rec.save(state, finished=True, wait=True)
 """
@@ -17,9 +17,9 @@ def arrays_of(state) -> dict:
 
 
 class Recorder:
-    def __init__(self, run_cfg, writer, progress, evaluate: Callable[[Any], dict], checkpointer, summary: dict,
+    def __init__(self, run_cfg, sinks, progress, evaluate: Callable[[Any], dict], checkpointer, summary: dict,
                  clock, snapshot: Callable[[Any, bool], dict], samples0: int = 0):
-        self.cfg, self.writer, self.progress = run_cfg, writer, progress
+        self.cfg, self.sinks, self.progress = run_cfg, sinks, progress
         self.evaluate, self.checkpointer, self.summary = evaluate, checkpointer, summary
         self.clock, self.snapshot = clock, snapshot
         self._samples = samples0  # samples after the previous step (a resumed run starts there)
@@ -39,7 +39,8 @@ class Recorder:
             m.update(self.summary["last_eval"])
             m["wall_time"] = self.clock()
         m["checkpoint/blocked_seconds"] = self.checkpointer.blocked_seconds
-        self.writer.write(m)
+        m["checkpoint/last_saved_at"] = self.checkpointer.last_saved_at  # unix time; status/Prometheus show its age
+        self.sinks.write(m)
         if step % self.cfg.log_every == 0 or "eval/exact_match" in m or final:
             self.progress.line(m)
         em = m.get("eval/exact_match")

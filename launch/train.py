@@ -17,20 +17,20 @@ import json
 import os
 import time
 
-import jax
-import numpy as np
-
 from actors.engine import JaxEngine
+from actors.evaluation import evaluate_heldout
 from actors.prompt_stream import PromptStream
-from actors.tasks.base import make_task
+from actors.rewards import make_scorer
+from actors.tasks.registry import make_task
 from launch import artifacts, run_state
 from launch.config_loader import to_dict
 from launch.config import Config, seq_len as config_seq_len
 from launch.learner_group import LearnerProcesses  # [sharded learner]
 from launch.lifecycle import Lifecycle
-from launch.metrics import MetricsWriter, Progress
+from launch.metrics import Progress
 from launch.pipeline import Pipeline
 from launch.policy import build_policy, export_policy, resolve_model_config
+from launch.sinks import open_sinks
 from launch.recorder import Recorder, arrays_of
 from learner.checkpoint import Checkpointer
 from learner.controller import make_controller
@@ -42,16 +42,10 @@ from learner.steps.sft_step import SFTStep, build_sft_batch
 from protocols.admission import AdmissionGate
 from protocols.weights import InProcessWeights
 
-def evaluate(engine: JaxEngine, task, params, prompts=None) -> dict:
-    """Greedy decoding on the held-out set: exact-match rate and mean reward."""
-    prompts = task.heldout() if prompts is None else prompts
-    result = engine.generate(params, [list(p.tokens) for p in prompts], jax.random.key(0), greedy=True)
-    exact, rewards = [], []
-    for i, p in enumerate(prompts):
-        ids = result.tokens[i, : int(result.lengths[i])].tolist()
-        exact.append(task.exact_match(p, ids))
-        rewards.append(task.reward(p, ids))
-    return {"eval/exact_match": float(np.mean(exact)), "eval/reward": float(np.mean(rewards))}
+def evaluate(engine: JaxEngine, task, params, prompts=None, scorer=None) -> dict:
+    """Greedy decoding on the held-out set: eval/reward, eval/exact_match (tasks with answers) and
+    the task's own metrics (actors/evaluation.py). scorer: where rewards run (default inline)."""
+    return evaluate_heldout(engine, task, params, prompts, scorer)
 
 
 def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_len: int, pad_id: int,
@@ -64,6 +58,9 @@ def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_
     sft = sft or SFTStep(logits_fn, sft_cfg)
     opt_state = sft.init(params)
     loss = None
+    if not stream.task.prompt(stream.position).answer:
+        progress.message("supervised warm-up: skipped (the task has no reference answers)")
+        return params, {}
     for _ in range(sft_cfg.steps):
         prompts = stream.take(sft_cfg.batch_size)
         batch = build_sft_batch([p.tokens for p in prompts], [p.answer for p in prompts], seq_len, pad_id)
@@ -104,7 +101,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     progress = Progress(cfg.run.progress)
     policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
     task = make_task(cfg.task, policy.tokenizer)
-    L, G = config_seq_len(cfg, task.max_prompt_len), cfg.learner.group_size
+    L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
     train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout)  # [sharded learner]
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
@@ -122,7 +119,9 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     # the held-out eval runs the program the actors already compiled.
     engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id, policy.tokenizer.pad_id)
     heldout = task.heldout()
-    evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=heldout))  # [sharded learner]
+    scorer = make_scorer(cfg.task, task, policy.tokenizer)  # rewards: worker pool, HTTP server or inline
+    evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=heldout,
+                                                       scorer=scorer))  # [sharded learner]
     sft_metrics = {}
     if begin.restored:
         state = template._replace(**begin.arrays, step=begin.step0)
@@ -146,7 +145,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     publish = procs.publisher(whole=cfg.actors.engine == "jax" or cfg.actors.processes > 0)
     pipe = Pipeline(cfg, run_dir, task, begin.stream, begin.ledger, gate,
                     InProcessWeights(publish(state.params), begin.step0),
-                    actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg))
+                    actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), scorer)
     controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
     if begin.restored and controller is not None and meta.get("controller") is not None:
         controller.load_state_dict(meta["controller"])
@@ -162,14 +161,17 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         if meta.get("concurrency"):
             pipe.set_concurrency(meta["concurrency"])
     summary, clock = begin.summary, begin.clock
-    writer = MetricsWriter(os.path.join(run_dir, "metrics.jsonl"))
+    # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/sinks.py)
+    sinks = open_sinks(cfg.run, run_dir, to_dict(cfg), resumed=begin.restored, step0=begin.step0)
     if not begin.restored:
         record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics, **evaluate_params(state.params)}
-        writer.write(record0)
-        progress.message(f"before RL: held-out exact match {record0['eval/exact_match']:.3f}")
-    loop.enrich = _enrich(cfg, pipe, actor_engine, clock, begin)
+        sinks.write(record0)
+        before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
+            ("reward", record0["eval/reward"])
+        progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
+    loop.enrich = _enrich(cfg, pipe, loop, actor_engine, clock, begin)
     snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock)
-    recorder = Recorder(cfg.run, writer, progress, evaluate_params, checkpointer, summary, clock, snapshot,
+    recorder = Recorder(cfg.run, sinks, progress, evaluate_params, checkpointer, summary, clock, snapshot,
                         samples0=loop.samples)
     preempted = False
     with Lifecycle(cfg.checkpoint.signal_timeout_seconds, on_stop=[pipe.abort], message=progress.message) as life:
@@ -179,21 +181,24 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
             preempted = life.signalled is not None
             pipe.stop(time.monotonic() + life.remaining(cap=30.0), finished=not preempted)
             summary.update(run_dir=run_dir, steps=state.step, samples=loop.samples, dropped=dict(loop.dropped),
-                           dropped_stale=loop.dropped.get("stale", 0), preempted=preempted)
+                           dropped_stale=loop.dropped.get("stale", 0), reward_errors=dict(loop.reward_errors),
+                           preempted=preempted)
             recorder.save(state, finished=not preempted, wait=True)
         finally:
             pipe.stop(time.monotonic() + life.remaining(cap=5.0), finished=False)  # no-op after a clean stop
-            writer.close()
+            sinks.close()
             checkpointer.close()
             if actor_engine is not engine:
                 actor_engine.close()  # stops the servers it launched
+            scorer.close()  # stops the reward workers
     summary = _finish(cfg, run_dir, policy, state, summary, begin, checkpointer, clock, preempted, evaluate_params,
                       procs)
+    sinks.finish(summary)  # heartbeat: finished / preempted
     procs.stop()  # [sharded learner] the other processes exit
     return summary
 
 
-def _enrich(cfg, pipe: Pipeline, actor_engine, clock, begin):
+def _enrich(cfg, pipe: Pipeline, loop: LearnerLoop, actor_engine, clock, begin):
     """Generation-side measurements, added to each step's metrics before the controller sees them."""
     c = begin.ledger.counts()
     before = 0 if not begin.restored else cfg.learner.group_size * (c["consumed"] + c["queued"] + c["dropped"])
@@ -211,6 +216,8 @@ def _enrich(cfg, pipe: Pipeline, actor_engine, clock, begin):
         # cumulative over the run's life (a resumed run starts from what its checkpoint had produced)
         m["actors/samples"] = before + pm.pop("actors/samples_received")
         m.update(pm)
+        m["queue/depth"] = pipe.queue.qsize()  # groups waiting for the learner (sinks: Prometheus)
+        m.update({f"dropped/{reason}": n for reason, n in loop.dropped.items()})  # cumulative, by reason
         if cfg.actors.engine == "sglang":  # cumulative counters: re-issues, misaligned responses, restarts, syncs
             m.update({f"sglang/{k}": v for k, v in dataclasses.asdict(actor_engine.stats).items()})
         last.update(t=now, tokens=tokens)

@@ -5,8 +5,13 @@ Layout of one sample (row) of length seq_len:
   tokens             [p0 p1 .. pP-1 c0 c1 .. cC-1 pad .. pad]   prompt (as the actor encoded it,
                                                                  BOS included) + completion
   mask               [1  1  .. 1    1  1  .. 1    0   .. 0  ]   real tokens
-  loss_mask          [0  0  .. 0    1  1  .. 1    0   .. 0  ]   completion tokens
+  loss_mask          [0  0  .. 0    1  1  .. 1    0   .. 0  ]   completion tokens the policy sampled
   behavior_logprobs  [0  0  .. 0    b0 b1 .. bC-1 0   .. 0  ]   sampler's log p(c_j), aligned with c_j
+
+A multi-turn episode (actors/episodes.py) is one row too: its completion holds every turn and the
+environment's observations in order, and the group's ``policy_mask`` keeps the observations out of
+loss_mask (they stay in tokens and mask: context for the tokens after them). Advantages are per
+sample, so they reach only the loss_mask tokens; the loss normalizer num_tokens counts only those.
 
 Token t's log-prob comes from logits[t - 1], so the prompt must hold at least one token. A
 completion that does not fit is cut at seq_len (counted in stats["truncated_samples"]). Every
@@ -79,15 +84,15 @@ def build_microbatches(
 
     Args:
       groups: RolloutGroup-like objects (prompt_tokens, completion_tokens, behavior_logprobs,
-        rewards, policy_version are read).
+        rewards, policy_version, and policy_mask when present, are read).
       seq_len: T, the fixed row length (prompt + completion).
       microbatch_size: M, rows per microbatch.
       pad_id: token id of padding.
       grpo_cfg: GRPOConfig (scale_by_std, std_scope, std_eps).
 
     Returns:
-      (microbatches, stats). stats: num_tokens (total completion tokens kept: the global
-      normalizer of the loss), num_samples, num_groups, num_microbatches, reward_mean, reward_std,
+      (microbatches, stats). stats: num_tokens (completion tokens kept that the policy sampled:
+      the global normalizer of the loss), num_samples, num_groups, num_microbatches, reward_mean, reward_std,
       zero_advantage_group_frac (groups with equal rewards: no signal), completion_len_mean,
       completion_len_max, truncated_samples, policy_version_min / _max / _mean.
 
@@ -115,12 +120,13 @@ def build_microbatches(
     num_mb = max(1, -(-num_samples // microbatch_size))
     rows = empty_microbatch(num_mb * microbatch_size, seq_len, pad_id)  # all rows, then split
 
-    row, truncated, lengths = 0, 0, []
+    row, truncated, lengths, trained_tokens = 0, 0, [], []
     for g, adv in zip(groups, advantages):
         prompt = np.asarray(g.prompt_tokens, np.int32)
         p = len(prompt)
-        for completion, behavior, a, r in zip(g.completion_tokens, g.behavior_logprobs, adv,
-                                              g.rewards):
+        policy_masks = g.policy_mask if getattr(g, "policy_mask", None) is not None else [None] * len(adv)
+        for completion, behavior, a, r, policy in zip(g.completion_tokens, g.behavior_logprobs, adv,
+                                                      g.rewards, policy_masks):
             if len(behavior) != len(completion):
                 raise ValueError(
                     f"group {g.prompt_id!r}: completion of {len(completion)} tokens has "
@@ -128,12 +134,14 @@ def build_microbatches(
                 )
             c = min(len(completion), seq_len - p)
             truncated += c < len(completion)
-            lengths.append(c)
             rows.tokens[row, :p] = prompt
             rows.tokens[row, p : p + c] = np.asarray(completion[:c], np.int32)
             rows.mask[row, : p + c] = True
-            rows.loss_mask[row, p : p + c] = 1.0
-            rows.behavior_logprobs[row, p : p + c] = np.asarray(behavior[:c], np.float32)
+            trained = np.ones(c, np.float32) if policy is None else np.asarray(policy[:c], np.float32)
+            rows.loss_mask[row, p : p + c] = trained
+            rows.behavior_logprobs[row, p : p + c] = np.asarray(behavior[:c], np.float32) * trained
+            lengths.append(c)
+            trained_tokens.append(int(trained.sum()))
             rows.advantages[row] = a
             rows.rewards[row] = r
             row += 1
@@ -146,7 +154,7 @@ def build_microbatches(
     versions = np.asarray([g.policy_version for g in groups], np.int64)
     zero_adv = [bool(np.all(a == 0)) for a in advantages]
     stats = {
-        "num_tokens": int(sum(lengths)),
+        "num_tokens": int(sum(trained_tokens)),
         "num_samples": num_samples,
         "num_groups": len(groups),
         "num_microbatches": num_mb,

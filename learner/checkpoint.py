@@ -70,6 +70,7 @@ class Checkpointer:
         self._pending: concurrent.futures.Future | None = None
         self._last_save_time = time.monotonic()
         self.blocked_seconds = 0.0  # time the training loop spent inside save() calls
+        self.last_saved_at: float | None = None  # unix time the newest complete checkpoint was on disk
 
     # -- saving -----------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -103,6 +104,7 @@ class Checkpointer:
             self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(arrays),
                                                             meta=ocp.args.JsonSave(meta)), force=True)
             self.manager.wait_until_finished()
+            self.last_saved_at = time.time()
         except Exception as e:  # orbax surfaces OSError (disk full, permissions) wrapped or not
             raise CheckpointError(f"could not write checkpoint step {step} to {self.directory}: "
                                   f"{type(e).__name__}: {e}") from e
@@ -138,6 +140,7 @@ class Checkpointer:
             try:
                 out = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()))
+                self.last_saved_at = os.path.getmtime(os.path.join(self.directory, str(step)))
                 return step, out["state"], out["meta"]
             except Exception as e:  # corrupt or partial: fall back to the previous one
                 path = os.path.join(self.directory, str(step))

@@ -83,6 +83,7 @@ class LearnerLoop:
         # groups whose advantages are all zero. Dropped groups free their admission slots.
         self.group_filter: Callable[[Any], str | None] | None = None
         self.dropped: dict[str, int] = {}
+        self.reward_errors: dict[str, int] = {}  # completions whose reward failed, by reason (whole run)
         self.on_concurrency = on_concurrency or (lambda c: None)
         # params -> what actors get: the params themselves, or (a sharded learner) whole copies
         self.publish = publish or (lambda params: params)
@@ -165,7 +166,27 @@ class LearnerLoop:
             "learner/train_seconds": train_seconds,
             "learner/tokens_per_second": seq_tokens / max(train_seconds, 1e-9),
         })
+        out.update(self._task_metrics(batch.groups))
         return state, out
+
+    def _task_metrics(self, groups) -> dict:
+        """reward/errors/<reason> (completions of this batch whose reward failed; the run's totals
+        stay in self.reward_errors) and task/<name> (means over the batch's completions of the
+        task's own per-completion metrics)."""
+        out: dict = {}
+        for g in groups:
+            for reason in g.reward_errors or ():
+                if reason:
+                    out[f"reward/errors/{reason}"] = out.get(f"reward/errors/{reason}", 0) + 1
+                    self.reward_errors[reason] = self.reward_errors.get(reason, 0) + 1
+        # A metric a completion does not report counts as 0 for it (e.g. tool_use on a direct answer).
+        n = sum(len(g.rewards) for g in groups)
+        sums: dict[str, float] = {}
+        for g in groups:
+            for name, values in (g.task_metrics or {}).items():
+                sums[name] = sums.get(name, 0.0) + float(np.sum(values))
+        out.update({f"task/{name}": total / n for name, total in sums.items()})
+        return out
 
     def run(self, state, num_steps: int, on_step: Callable[[int, Any, dict], bool] | None = None,
             stop: threading.Event | None = None, start_step: int = 0):

@@ -68,6 +68,7 @@ class DispatcherClient:
         os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name=f"{actor_id}-io", daemon=True)
         self._last_heard = 0.0
+        self._linger_ms = 0
         self._host, self._pid = socket.gethostname(), os.getpid()
 
     # -- the worker's side ----------------------------------------------------------------------
@@ -126,20 +127,24 @@ class DispatcherClient:
 
     def close(self, reason: str = "", error: bool = False, timeout: float = 2.0) -> None:
         """Say Goodbye (prompts in flight go back to the stream) and stop the I/O thread. Idempotent."""
-        if self._sock.closed:
+        if self._closing.is_set():
             return
-        goodbye = False
-        if self._thread.is_alive():
+        self._linger_ms = int(timeout * 1000)
+        if self._thread.is_alive():  # the I/O thread owns the socket: it sends the Goodbye and closes
             if self.session:
                 self._queue(Goodbye(actor_id=self.actor_id, reason=reason, error=error))
-                goodbye = True
             self._closing.set()
             self._wake()
             self._thread.join(timeout)
-        self._sock.close(int(timeout * 1000) if goodbye else 0)  # linger: let the Goodbye leave
+        else:
+            self._closing.set()
+            self._shut(0)
+
+    def _shut(self, linger_ms: int) -> None:
+        self._sock.close(linger_ms)
+        w, self._wake_w = self._wake_w, -1
         os.close(self._wake_r)
-        os.close(self._wake_w)
-        self._wake_w = -1
+        os.close(w)
 
     # -- the I/O thread -------------------------------------------------------------------------
     def _queue(self, msg) -> None:
@@ -170,7 +175,20 @@ class DispatcherClient:
                                            phase=self._phase, phase_seconds=now - self._phase_since,
                                            generate_seconds=self.generate_seconds))
 
+    def _send(self, data: bytes) -> bool:
+        try:
+            self._sock.send(data, zmq.NOBLOCK)
+            return True
+        except zmq.Again:  # the learner is away and the queue is full: heartbeats resume when it is back
+            return False
+
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:  # the Goodbye (if any) gets the linger time to leave
+            self._shut(self._linger_ms if self.session else 0)
+
+    def _loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
@@ -178,16 +196,15 @@ class DispatcherClient:
         while True:
             now = time.monotonic()
             if now >= next_beat:  # Hello until welcomed, then heartbeats
-                self._sock.send(self._heartbeat(now) if self.session else self._hello(), zmq.NOBLOCK)
+                self._send(self._heartbeat(now) if self.session else self._hello())
                 next_beat = now + self.heartbeat_seconds
             if self.session and now - self._last_heard > self.learner_timeout_seconds:
                 self._lose_session()  # the learner went quiet: restarted or gone; hello again
                 next_beat = now
             while self._out:  # after a Goodbye nothing else is queued
-                try:
-                    self._sock.send(self._out.popleft(), zmq.NOBLOCK)
-                except zmq.Again:
+                if not self._send(self._out[0]):
                     break
+                self._out.popleft()
             if self._closing.is_set() and not self._out:
                 return
             events = dict(poller.poll(timeout=max(1, int((next_beat - time.monotonic()) * 1000))))
@@ -234,4 +251,4 @@ class DispatcherClient:
         self.session = ""
         self._welcomed.clear()
         self._out.clear()  # groups and requests of the old session mean nothing to a new learner
-        self._sock.send(self._hello(), zmq.NOBLOCK)
+        self._send(self._hello())

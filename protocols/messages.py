@@ -66,6 +66,11 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
     timings: EngineTimings
     exact_match: list[bool] | None = None  # [G] optional: did the answer match exactly
     grant_id: str = ""  # the dispatcher's grant this group answers ("" outside the dispatcher protocol)
+    # [G][T_g] optional: True where the policy sampled the token (trained on), False for tokens an
+    # environment put in the context (tool output: masked out of the loss). None: all True.
+    policy_mask: list[list[bool]] | None = None
+    reward_errors: list[str] | None = None  # [G] optional: "" or why scoring failed (the reward is then 0)
+    task_metrics: dict[str, list[float]] | None = None  # optional: the task's own per-completion metrics, [G] each
 
     @property
     def group_size(self) -> int:
@@ -75,8 +80,9 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
     def validate(self) -> None:
         """Raises InvalidMessage unless the per-completion fields agree in length and are sane.
 
-        Checks: G >= 1; behavior_logprobs, rewards (and exact_match if given) have G entries; each
-        completion has as many logprobs as ids; ids are >= 0; logprobs and rewards are finite;
+        Checks: G >= 1; behavior_logprobs, rewards (and exact_match, policy_mask, reward_errors,
+        each task_metrics list if given) have G entries; each completion has as many logprobs (and
+        policy_mask entries) as ids; ids are >= 0; logprobs, rewards and task metrics are finite;
         policy_version >= 0; prompt_id is non-empty.
         """
         name = "RolloutGroup"
@@ -90,8 +96,13 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
         if group_size < 1:
             raise InvalidMessage(f"{name}.completion_tokens: a group needs at least 1 completion")
         per_completion = {"behavior_logprobs": self.behavior_logprobs, "rewards": self.rewards}
-        if self.exact_match is not None:
-            per_completion["exact_match"] = self.exact_match
+        for field in ("exact_match", "policy_mask", "reward_errors"):
+            if getattr(self, field) is not None:
+                per_completion[field] = getattr(self, field)
+        for key, values in (self.task_metrics or {}).items():
+            per_completion[f"task_metrics[{key!r}]"] = values
+            if not math.isfinite(sum(values)):
+                raise InvalidMessage(f"{name}.task_metrics[{key!r}]: values must be finite")
         for field, values in per_completion.items():
             if len(values) != group_size:
                 raise InvalidMessage(
@@ -113,6 +124,11 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
                     raise InvalidMessage(
                         f"{name}.behavior_logprobs[{i}][{j}]: must be finite, got {logprobs[j]}"
                     )
+        if self.policy_mask is not None:
+            for i, (tokens, mask) in enumerate(zip(self.completion_tokens, self.policy_mask)):
+                if len(mask) != len(tokens):
+                    raise InvalidMessage(f"{name}.policy_mask[{i}]: has {len(mask)} entries for "
+                                         f"{len(tokens)} tokens in completion_tokens[{i}]")
         for i, reward in enumerate(self.rewards):
             if not math.isfinite(reward):
                 raise InvalidMessage(f"{name}.rewards[{i}]: must be finite, got {reward}")

@@ -1,6 +1,6 @@
-"""Built-in tasks: prompt sources plus verifiable rewards."""
+"""Tasks: prompt sources plus rewards (built-ins here; plug-ins anywhere, see registry.py)."""
 
-from actors.tasks.base import Prompt, Task, make_task
+from actors.tasks.base import Completion, Environment, Prompt, Score, Step, Task
 from actors.tasks.config import TaskConfig
 
-__all__ = ["Prompt", "Task", "TaskConfig", "make_task"]
+__all__ = ["Completion", "Environment", "Prompt", "Score", "Step", "Task", "TaskConfig"]

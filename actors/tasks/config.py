@@ -1,11 +1,12 @@
-"""Configuration of the built-in tasks."""
+"""Configuration of a task: which one (a built-in or a plug-in), its arguments, and how rewards run."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
-TASK_NAMES = ("sort", "add_reversed", "jsonl")
+BUILTIN_TASKS = ("sort", "add_reversed", "jsonl")
 DIGIT_TASKS = ("sort", "add_reversed")
 REWARD_KINDS = ("partial", "exact")
 PROMPT_FORMATS = ("plain", "chat")
@@ -24,7 +25,8 @@ def prompt_space_size(name: str, num_digits: int) -> int:
 class TaskConfig:
     """Which task to train on and how its prompts and rewards are made."""
 
-    name: Literal["sort", "add_reversed", "jsonl"] = "sort"  # sort digits, add with digits reversed, or a JSONL file of math problems
+    name: str = "sort"  # sort | add_reversed | jsonl (math JSONL) | package.module:factory | file.py:factory | a cadence.tasks entry point
+    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # plug-in tasks: arguments their factory reads (task.args.KEY=VALUE)
     num_digits: int = 6  # sort: digits to sort; add_reversed: digits per operand (use 3)
     seed: int = 0  # seed of the training prompt stream
     heldout_size: int = 256  # number of prompts in the fixed held-out set
@@ -36,11 +38,42 @@ class TaskConfig:
     prompt_template: str = "{prompt}"  # jsonl: text around the problem; "{prompt}" is replaced by it
     format: Literal["plain", "chat"] = "plain"  # jsonl: raw text, or the checkpoint's chat template
     system_prompt: str = ""  # jsonl, chat format: optional system message ("" = none)
+    reward_workers: int = 2  # reward worker processes (spawned; time and memory limits); 0 = score inline in the actor, unguarded
+    reward_timeout_s: float = 30.0  # per completion: a reward that runs longer scores 0 (counted) and its worker is replaced
+    reward_memory_mb: int = 2048  # address-space limit of each reward worker (RLIMIT_AS; 0 = none)
+    reward_url: str = ""  # score on an HTTP reward server instead (POST one group per request; see docs/tasks.md)
+    reward_concurrency: int = 8  # reward_url: requests in flight
+    reward_retries: int = 2  # reward_url: re-sends after a timeout, connection error, HTTP error or malformed answer
 
     def validate(self) -> None:
         """Checks ranges; raises ValueError("<field>: <problem>")."""
-        if self.name not in TASK_NAMES:
-            raise ValueError(f"name: unknown task {self.name!r}; expected one of {TASK_NAMES}")
+        if self.name not in BUILTIN_TASKS and ":" not in self.name:
+            import importlib.metadata
+            installed = sorted(p.name for p in importlib.metadata.entry_points(group="cadence.tasks"))
+            if self.name not in installed:
+                raise ValueError(f"name: unknown task {self.name!r}; expected one of {BUILTIN_TASKS}, "
+                                 f"package.module:factory, file.py:factory, or an installed 'cadence.tasks' "
+                                 f"entry point {installed}")
+        if not isinstance(self.args, Mapping) or not all(isinstance(k, str) for k in self.args):
+            raise ValueError(f"args: must be a mapping with string keys, got {self.args!r}")
+        if self.args and self.name in BUILTIN_TASKS:
+            raise ValueError(f"args: the built-in task {self.name!r} takes its settings as task.* keys, "
+                             f"not task.args (got {sorted(self.args)})")
+        if self.reward_workers < 0:
+            raise ValueError(f"reward_workers: must be >= 0 (0 = inline), got {self.reward_workers}")
+        if not self.reward_timeout_s > 0:
+            raise ValueError(f"reward_timeout_s: must be > 0, got {self.reward_timeout_s}")
+        if self.reward_memory_mb < 0:
+            raise ValueError(f"reward_memory_mb: must be >= 0 (0 = no limit), got {self.reward_memory_mb}")
+        if self.reward_memory_mb and self.reward_memory_mb < 256:
+            raise ValueError(f"reward_memory_mb: {self.reward_memory_mb} is below what a Python worker needs "
+                             "to start (use >= 256, or 0 for no limit)")
+        if self.reward_url and not self.reward_url.startswith(("http://", "https://")):
+            raise ValueError(f"reward_url: must start with http:// or https://, got {self.reward_url!r}")
+        if self.reward_concurrency < 1:
+            raise ValueError(f"reward_concurrency: must be >= 1, got {self.reward_concurrency}")
+        if self.reward_retries < 0:
+            raise ValueError(f"reward_retries: must be >= 0, got {self.reward_retries}")
         if self.reward not in REWARD_KINDS:
             raise ValueError(f"reward: must be one of {REWARD_KINDS}, got {self.reward!r}")
         if self.format not in PROMPT_FORMATS:
@@ -60,7 +93,7 @@ class TaskConfig:
             raise ValueError(f"heldout_seed: must be >= 0, got {self.heldout_seed}")
         if self.heldout_size < 1:
             raise ValueError(f"heldout_size: must be >= 1, got {self.heldout_size}")
-        if self.name == "jsonl":
+        if self.name not in ("sort", "add_reversed"):
             return  # the record count bounds heldout_size; the task checks it when it reads the file
         # Keep at least half the prompt space for training so held-out redraws stay cheap.
         limit = prompt_space_size(self.name, self.num_digits) // 2

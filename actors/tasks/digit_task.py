@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Sequence
 
 from actors.tasks import scoring
-from actors.tasks.base import Prompt
+from actors.tasks.base import Completion, Prompt, Score
 from actors.tasks.config import TaskConfig, prompt_space_size
 from learner.models.char_tokenizer import CharTokenizer  # the default tokenizer
 
@@ -90,6 +90,7 @@ class DigitTask(abc.ABC):
             index=index,
             tokens=(*bos, *self._encode(prompt_text)),
             answer=(*self._encode(answer_text), tok.eos_id),
+            text=prompt_text,
         )
 
     def prompt(self, index: int) -> Prompt:
@@ -114,6 +115,10 @@ class DigitTask(abc.ABC):
     def is_heldout(self, prompt: Prompt) -> bool:
         """True iff the prompt's tokens are those of a held-out prompt."""
         return tuple(prompt.tokens) in self._heldout_tokens
+
+    def score(self, prompt: Prompt, completion: Completion) -> Score:
+        """Reward (see ``reward``) and exact match, from the ids."""
+        return Score(self.reward(prompt, completion.ids), self.exact_match(prompt, completion.ids))
 
     def reward(self, prompt: Prompt, completion: Sequence[int]) -> float:
         """Per-slot partial credit (reward="partial") or 1.0/0.0 exact match (reward="exact")."""

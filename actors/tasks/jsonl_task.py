@@ -9,40 +9,16 @@ other records in a fresh seeded order each epoch, so prompt(index) is a pure fun
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from actors.tasks import math_verifier
-from actors.tasks.base import Prompt
+from actors.tasks.base import Completion, Prompt, Score
 from actors.tasks.config import TaskConfig
+from actors.tasks.records import read_jsonl
 from actors.tasks.scoring import truncate_at_eos
-
-
-def read_records(path: str, prompt_field: str, answer_field: str) -> list[dict[str, Any]]:
-    """Reads the JSONL file; blank lines are skipped.
-
-    Raises:
-      ValueError: naming the file and line of invalid JSON or a record lacking a field.
-    """
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: invalid JSON ({e.msg})") from None
-            for field in (prompt_field, answer_field):
-                if not isinstance(record, dict) or field not in record:
-                    raise ValueError(f"{path}:{line_no}: record has no field {field!r}")
-            records.append(record)
-    if not records:
-        raise ValueError(f"{path}: no records")
-    return records
 
 
 class JsonlMathTask:
@@ -62,7 +38,7 @@ class JsonlMathTask:
             raise ValueError("format: 'chat' needs a tokenizer with a chat template (set model.path)")
         self.config, self.tokenizer = cfg, tokenizer
         self.name = "jsonl"
-        records = read_records(cfg.path, cfg.prompt_field, cfg.answer_field)
+        records = read_jsonl(cfg.path, (cfg.prompt_field, cfg.answer_field), key="path")
         n = len(records)
         if cfg.heldout_size >= n:
             raise ValueError(f"heldout_size: {cfg.heldout_size} leaves no training records of the {n} in "
@@ -98,7 +74,9 @@ class JsonlMathTask:
 
     def _build(self, split: str, index: int, record_id: int) -> Prompt:
         tokens, answer = self._encode(record_id)
-        return Prompt(prompt_id=f"{self.name}/{split}/{index}", index=index, tokens=tokens, answer=answer)
+        record = self._records[record_id]
+        return Prompt(prompt_id=f"{self.name}/{split}/{index}", index=index, tokens=tokens, answer=answer,
+                      text=str(record[self.config.prompt_field]), metadata=record)
 
     def record_id(self, prompt: Prompt) -> int:
         """Index in the file of the record a prompt came from."""
@@ -141,10 +119,15 @@ class JsonlMathTask:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def score(self, prompt: Prompt, completion: Completion) -> Score:
+        """Reward 1.0 iff the final answer is equivalent to the reference; exact match is the same
+        verdict (one verifier call per completion)."""
+        ok = bool(math_verifier.is_equivalent(self.reference(prompt), completion.text))
+        return Score(1.0 if ok else 0.0, ok)
+
     def reward(self, prompt: Prompt, completion: Sequence[int]) -> float:
         """1.0 iff the completion's final answer is equivalent to the reference, else 0.0."""
-        ok = math_verifier.is_equivalent(self.reference(prompt), self.completion_text(completion))
-        return 1.0 if ok else 0.0
+        return self.score(prompt, Completion(tuple(completion), self.completion_text(completion))).reward
 
     def exact_match(self, prompt: Prompt, completion: Sequence[int]) -> bool:
         """For math, "exact" means an equivalent final answer (the reward is already 0/1)."""

@@ -1,10 +1,18 @@
 """Math answer verification on text: is the model's final answer equivalent to the reference?
 
 Uses Hugging Face's ``math-verify`` (LaTeX/expression parsing with SymPy): "0.5", "1/2",
-"\\frac{1}{2}" and "\\boxed{\\frac12}" are all the same answer. Model text is parsed, never
-evaluated as code. math-verify's own timeouts use SIGALRM, which only works on the main thread,
-so they are switched off (actors score on worker threads) and the text is bounded in length
-instead.
+"\\frac{1}{2}" and "\\boxed{\\frac12}" are all the same answer.
+
+What model text can do here: math-verify hands LaTeX to latex2sympy and plain expressions to
+SymPy's ``parse_expr`` (which evaluates Python), but its expression pattern only lets digits,
+spaces, ``. + - * × / ÷ ^ ( )`` reach ``parse_expr``, so names (``__import__``, ``lambda``) never
+do; tests/actors/math_verifier_hostile_test.py holds it to that. What can still hurt is
+arithmetic: ``9**9**9**9`` parses in milliseconds and then makes ``verify`` compute a number
+with ~10^8 digits. So a parsed answer with a nested or large exponent, a large factorial or a
+huge literal is refused (``is_tame``) before ``verify`` sees it; and the JSONL task scores in the
+reward worker pool (actors/rewards/), whose time and memory limits bound anything this misses.
+math-verify's own timeouts use SIGALRM, which only works on a main thread, so they are off and
+the text is bounded in length instead.
 """
 
 from __future__ import annotations
@@ -16,6 +24,10 @@ import math_verify
 
 # Long runs of model text are where parsing gets slow; the final answer sits at the end.
 MAX_COMPLETION_CHARS = 4000
+# Bounds on what verify() may compute: 10**1000 or 1000! are instant, 9**(9**9) is not.
+MAX_EXPONENT = 1000
+MAX_FACTORIAL = 1000
+MAX_INTEGER_DIGITS = 2000
 _GSM8K_MARK = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
 
 
@@ -63,6 +75,34 @@ def _with_gsm8k_mark(completion: str) -> str:
     return completion if not mark else completion + f" \\boxed{{{mark.group(1).replace(',', '')}}}"
 
 
+def is_tame(parsed) -> bool:
+    """False when a parsed answer holds arithmetic that would take verify() unbounded time.
+
+    Refused: an exponent that is itself a power or factorial or exceeds MAX_EXPONENT in magnitude,
+    a factorial of more than MAX_FACTORIAL, an integer literal longer than MAX_INTEGER_DIGITS.
+    """
+    import sympy
+
+    for item in parsed:
+        if not isinstance(item, sympy.Basic):
+            continue
+        for node in sympy.preorder_traversal(item):
+            if isinstance(node, sympy.Pow):
+                exp = node.exp
+                if exp.has(sympy.Pow, sympy.factorial, sympy.factorial2, sympy.gamma):
+                    return False
+                if any(abs(n) > MAX_EXPONENT for n in exp.atoms(sympy.Number)):
+                    return False
+            elif isinstance(node, (sympy.factorial, sympy.factorial2, sympy.gamma, sympy.subfactorial)):
+                arg = node.args[0]
+                if arg.has(sympy.Pow, sympy.factorial) or any(abs(n) > MAX_FACTORIAL
+                                                                for n in arg.atoms(sympy.Number)):
+                    return False
+            elif isinstance(node, sympy.Integer) and abs(int(node)).bit_length() > MAX_INTEGER_DIGITS * 3.33:
+                return False
+    return True
+
+
 def is_equivalent(reference, completion: str) -> bool:
     """True iff the completion's final answer equals the reference answer.
 
@@ -77,6 +117,6 @@ def is_equivalent(reference, completion: str) -> bool:
     if not gold:
         return False
     pred = parse_answer(_with_gsm8k_mark(completion))
-    if not pred:
+    if not pred or not is_tame(pred):
         return False
     return bool(math_verify.verify(gold, pred, timeout_seconds=None))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from launch import plots
 from launch.config import Config
 from launch.experiments import common
 
@@ -103,23 +104,18 @@ def _paired_cell(summary: dict, n_seeds: int) -> str:
 
 
 def plot(records, batch_sizes, scalings, target, metric, path):
-    plt = common.pyplot()
-    fig, axes = plt.subplots(1, len(scalings), figsize=(5 * len(scalings), 4), sharey=True, squeeze=False)
-    colors = plt.cm.viridis([i / max(len(batch_sizes) - 1, 1) for i in range(len(batch_sizes))])
-    for ax, scaling in zip(axes[0], scalings):
-        for color, b in zip(colors, batch_sizes):
+    palette = plots.colors(len(batch_sizes))
+    panels = []
+    for j, scaling in enumerate(scalings):
+        lines = []
+        for color, b in zip(palette, batch_sizes):
             for i, r in enumerate(x for x in records if x["scaling"] == scaling and x["batch_size"] == b):
                 s, _, v = zip(*r["curve"])
-                ax.plot(s, v, color=color, alpha=0.8, label=f"B={b}" if i == 0 else None)
-        ax.axhline(target, color="gray", ls="--", lw=1)
-        ax.set_title(f"scaling = {scaling}")
-        ax.set_xlabel("cumulative samples")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"held-out {metric.split('/')[-1]}")
-    axes[0][-1].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+                lines.append(plots.Line(s, v, label=f"B={b}" if i == 0 else None, color=color, alpha=0.8))
+        panels.append(plots.Panel(f"scaling = {scaling}", "cumulative samples",
+                                  f"held-out {metric.split('/')[-1]}" if j == 0 else "", lines, hlines=[target],
+                                  legend=j == len(scalings) - 1))
+    plots.save_png(panels, path, sharey=True)
 
 
 def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:

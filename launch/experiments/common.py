@@ -1,4 +1,4 @@
-"""Shared pieces of the experiments: fixed-batch runs, time-to-target, the run folder and plots.
+"""Shared pieces of the experiments: fixed-batch runs, time-to-target, the run folder (plots: launch/plots.py).
 
 Protocol (shared/notes/theory.md, "A"): held-out greedy evaluation at fixed SAMPLE intervals (the
 same for every batch size), target = first evaluation at or above R*, read by linear interpolation
@@ -175,16 +175,6 @@ def relative_spread(values) -> float | None:
 def write_json(path: str, data) -> None:
     with open(path, "w") as f:
         json.dump(data, f, indent=2, default=float)
-
-
-def pyplot():
-    """matplotlib.pyplot with the file-only backend (the `plots` extra)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import shutil
 
+from launch import plots
 from launch.config import Config
 from launch.experiments import common
 from launch.experiments.batch_invariance import run_grid
@@ -132,31 +133,20 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
 
 
 def _plot(rows, ctrl, fixed, path):
-    plt = common.pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     bs = [x for x in rows if rows[x]["measured_relative"] is not None]
-    a.plot(bs, [rows[x]["measured_relative"] for x in bs], "o-", label="measured")
+    a = [plots.Line(bs, [rows[x]["measured_relative"] for x in bs], "measured", "o-")]
     low = [x for x in bs if not rows[x]["reached"]]
     if low:
-        a.plot(low, [rows[x]["measured_relative"] for x in low], "^", ms=10, mfc="none",
-               label="lower bound (median seed did not reach)")
+        a.append(plots.Line(low, [rows[x]["measured_relative"] for x in low],
+                            "lower bound (median seed did not reach)", "^", ms=10, mfc="none"))
     bp = [x for x in rows if rows[x]["predicted_relative"] is not None]
-    a.plot(bp, [rows[x]["predicted_relative"] for x in bp], "s--", label="predicted (1 + B/B_noise) / X(B)")
-    a.set_xscale("log", base=2)
-    a.set_xlabel("batch size")
-    a.set_ylabel("time to target / best fixed B")
-    a.legend()
-    a.grid(alpha=0.3)
+    a.append(plots.Line(bp, [rows[x]["predicted_relative"] for x in bp], "predicted (1 + B/B_noise) / X(B)", "s--"))
+    b = []
     for r in fixed:
         s, w, v = zip(*r["curve"])
-        b.plot(w, v, alpha=0.6, label=f"B={r['batch_size']} s{r['seed']}")
+        b.append(plots.Line(w, v, f"B={r['batch_size']} s{r['seed']}", alpha=0.6))
     for r in ctrl:
         s, w, v = zip(*r["curve"])
-        b.plot(w, v, "k-", lw=2, label=f"controller s{r['seed']}")
-    b.set_xlabel("wall seconds (RL)")
-    b.set_ylabel("held-out score")
-    b.legend(fontsize=7)
-    b.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        b.append(plots.Line(w, v, f"controller s{r['seed']}", "k-", lw=2))
+    plots.save_png([plots.Panel("", "batch size", "time to target / best fixed B", a, xlog2=True),
+                    plots.Panel("", "wall seconds (RL)", "held-out score", b, legend_fontsize=7)], path)

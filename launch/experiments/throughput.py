@@ -18,7 +18,8 @@ import numpy as np
 from actors.actor_loop import Actor
 from actors.engine import JaxEngine
 from actors.prompt_stream import PromptStream
-from actors.tasks.base import make_task
+from actors.tasks.registry import make_task
+from launch import plots
 from launch.config import Config, seq_len as config_seq_len
 from launch.experiments import common
 from launch.policy import build_policy
@@ -98,29 +99,18 @@ def fit(points: dict) -> tuple[GenerationThroughput, LearnerThroughput]:
 
 
 def plot(points, g, lt, path):
-    plt = common.pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     cs = np.array([p["concurrency"] for p in points["generation"]], float)
-    a.plot(cs, [p["samples_per_second"] for p in points["generation"]], "o", label="measured")
-    grid = np.geomspace(cs.min(), cs.max() * 2, 50)
-    a.plot(grid, [g.predict(c) for c in grid], "-", label="fit c r1 / (1 + c / c_sat)")
-    a.set_xscale("log", base=2)
-    a.set_xlabel("concurrency (prompts per engine call)")
-    a.set_ylabel("generation samples/s")
-    a.legend()
-    a.grid(alpha=0.3)
+    grid_c = np.geomspace(cs.min(), cs.max() * 2, 50)
     bs = np.array([p["batch_size"] for p in points["learner"]], float)
-    b.plot(bs, [p["samples_per_second"] for p in points["learner"]], "o", label="measured")
-    grid = np.geomspace(bs.min(), bs.max() * 2, 50)
-    b.plot(grid, [lt.predict(x) for x in grid], "-", label="fit B / (t_fix + B t_sample)")
-    b.set_xscale("log", base=2)
-    b.set_xlabel("batch size (samples)")
-    b.set_ylabel("learner samples/s")
-    b.legend()
-    b.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    grid_b = np.geomspace(bs.min(), bs.max() * 2, 50)
+    plots.save_png([
+        plots.Panel("", "concurrency (prompts per engine call)", "generation samples/s", [
+            plots.Line(cs, [p["samples_per_second"] for p in points["generation"]], "measured", "o"),
+            plots.Line(grid_c, [g.predict(c) for c in grid_c], "fit c r1 / (1 + c / c_sat)", "-")], xlog2=True),
+        plots.Panel("", "batch size (samples)", "learner samples/s", [
+            plots.Line(bs, [p["samples_per_second"] for p in points["learner"]], "measured", "o"),
+            plots.Line(grid_b, [lt.predict(x) for x in grid_b], "fit B / (t_fix + B t_sample)", "-")], xlog2=True),
+    ], path)
 
 
 def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:

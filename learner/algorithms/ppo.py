@@ -1,9 +1,12 @@
 """PPO pieces: per-token rewards, GAE, the clipped value loss, KL estimators (pure jnp).
 
 Token layout is that of learner.batching: row b holds prompt + completion + padding and
-loss_mask[b, t] is 1 on completion tokens (contiguous). values[b, t] is V of the state in which
-token t was chosen (the critic reads hidden[t - 1], like logprobs read logits[t - 1]); the state
-after the last completion token is terminal (value 0).
+loss_mask[b, t] is 1 on the completion tokens the policy chose. In a multi-turn episode those are
+not contiguous (tool output sits between turns, masked out): the policy's decisions are the masked
+tokens in order, and the environment's tokens between two of them are part of the transition from
+one to the next, so GAE runs over the masked tokens as one sequence, skipping the others.
+values[b, t] is V of the state in which token t was chosen (the critic reads hidden[t - 1], like
+logprobs read logits[t - 1]); the state after the last masked token is terminal (value 0).
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ import jax.numpy as jnp
 
 
 def last_token_mask(loss_mask: jax.Array) -> jax.Array:
-    """[B, T] float: 1 at each row's last completion token (all 0 for a row without tokens)."""
+    """[B, T] float: 1 at each row's last masked token (all 0 for a row without tokens)."""
     mask = loss_mask.astype(jnp.float32)
-    next_mask = jnp.concatenate([mask[:, 1:], jnp.zeros_like(mask[:, :1])], axis=1)  # [B, T]
-    return mask * (1.0 - next_mask)
+    remaining = jnp.cumsum(mask[:, ::-1], axis=1)[:, ::-1]  # [B, T] masked tokens at t or later
+    return mask * (remaining == 1.0)
 
 
 def token_rewards(rewards: jax.Array, loss_mask: jax.Array, kl: jax.Array | None = None,
@@ -41,15 +44,16 @@ def token_rewards(rewards: jax.Array, loss_mask: jax.Array, kl: jax.Array | None
 
 def gae(token_rewards_: jax.Array, values: jax.Array, loss_mask: jax.Array, gamma: float,
         lam: float) -> tuple[jax.Array, jax.Array]:
-    """Generalized advantage estimation over each row's completion tokens.
+    """Generalized advantage estimation over each row's masked tokens, in order.
 
-    delta_t = r_t + gamma * V_{t+1} - V_t (V after the last token is 0), A_t = delta_t +
-    gamma * lam * A_{t+1}; returns R_t = A_t + V_t are the value targets.
+    With t' the next masked token after t: delta_t = r_t + gamma * V_t' - V_t (V after the last
+    masked token is 0), A_t = delta_t + gamma * lam * A_t'; returns R_t = A_t + V_t are the value
+    targets. Unmasked tokens between two masked ones (tool output) are skipped, not terminal.
 
     Args:
       token_rewards_: [B, T] per-token rewards (0 off the mask).
       values: [B, T] values aligned with the tokens (only masked entries are read).
-      loss_mask: [B, T] 1 on completion tokens (contiguous per row).
+      loss_mask: [B, T] 1 on the tokens the policy chose (contiguous for single-turn rows).
       gamma, lam: discount and GAE lambda.
 
     Returns:
@@ -57,17 +61,19 @@ def gae(token_rewards_: jax.Array, values: jax.Array, loss_mask: jax.Array, gamm
     """
     mask = loss_mask.astype(jnp.float32)
     values = values.astype(jnp.float32) * mask
-    next_mask = jnp.concatenate([mask[:, 1:], jnp.zeros_like(mask[:, :1])], axis=1)  # [B, T]
-    next_values = jnp.concatenate([values[:, 1:], jnp.zeros_like(values[:, :1])], axis=1)
-    deltas = (token_rewards_ + gamma * next_values * next_mask - values) * mask  # [B, T]
+    rewards = token_rewards_.astype(jnp.float32) * mask
 
     def step(carry, x):  # reverse scan over time, one column [B] at a time
-        delta, m_next, m = x
-        adv = (delta + gamma * lam * carry * m_next) * m
-        return adv, adv
+        next_adv, next_value = carry  # of the next masked token (0 after the last one)
+        r, v, m = x
+        adv = r + gamma * next_value - v + gamma * lam * next_adv
+        keep = m > 0  # an unmasked token passes the next masked token's values through
+        carry = (jnp.where(keep, adv, next_adv), jnp.where(keep, v, next_value))
+        return carry, adv * m
 
-    xs = (deltas.T, next_mask.T, mask.T)  # [T, B] each
-    _, adv_t = jax.lax.scan(step, jnp.zeros(mask.shape[0], jnp.float32), xs, reverse=True)
+    zeros = jnp.zeros(mask.shape[0], jnp.float32)
+    xs = (rewards.T, values.T, mask.T)  # [T, B] each
+    _, adv_t = jax.lax.scan(step, (zeros, zeros), xs, reverse=True)
     advantages = adv_t.T  # [B, T]
     return advantages, (advantages + values) * mask
 

@@ -22,7 +22,7 @@ from actors.sglang.checkpoint import export_for_server
 from actors.sglang.client import completion_request
 from actors.sglang.engine import GenerationAborted, SGLangEngine, SGLangError
 from actors.sglang.testing import SKIP_REASON, sglang_python, tiny_server_model
-from actors.tasks.base import make_task
+from actors.tasks.registry import make_task
 from actors.tasks.config import TaskConfig
 from learner.algorithms.logprobs import token_logprobs_and_entropy
 from learner.models.hf_export import hf_tensors

@@ -2,7 +2,8 @@
 
 import pytest
 
-from actors.tasks import TaskConfig, make_task
+from actors.tasks import TaskConfig
+from actors.tasks.registry import make_task
 from learner.models.char_tokenizer import CharTokenizer
 
 TOK = CharTokenizer()

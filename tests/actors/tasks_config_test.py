@@ -2,7 +2,8 @@ import dataclasses
 
 import pytest
 
-from actors.tasks import TaskConfig, make_task
+from actors.tasks import TaskConfig
+from actors.tasks.registry import make_task
 from actors.tasks.add_reversed import AddReversedTask
 from actors.tasks.sort import SortTask
 

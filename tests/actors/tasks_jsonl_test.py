@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from actors.tasks import make_task, math_verifier
+from actors.tasks import math_verifier
+from actors.tasks.registry import make_task
 from actors.tasks.config import TaskConfig
 from actors.tasks.jsonl_task import JsonlMathTask
 from learner.models.hf_random import write_tiny_tokenizer

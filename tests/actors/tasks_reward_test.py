@@ -5,7 +5,8 @@ import random
 import numpy as np
 import pytest
 
-from actors.tasks import Prompt, TaskConfig, make_task
+from actors.tasks import Prompt, TaskConfig
+from actors.tasks.registry import make_task
 from actors.tasks import scoring
 from actors.tasks.evaluate import exact_match_rate, mean_reward
 from learner.models.char_tokenizer import CharTokenizer

@@ -2,7 +2,8 @@
 
 import pytest
 
-from actors.tasks import TaskConfig, make_task
+from actors.tasks import TaskConfig
+from actors.tasks.registry import make_task
 
 CONFIGS = [TaskConfig(name="sort", num_digits=6), TaskConfig(name="add_reversed", num_digits=3)]
 

@@ -64,3 +64,27 @@ def test_a_group_that_cannot_start_exits_nonzero_naming_the_key(tmp_path):
                 f"run.dir={tmp_path / 'run'}", timeout=600)
     assert r.returncode != 0
     assert "learner.mesh" in r.stderr
+
+
+def test_sigterm_to_the_group_saves_a_final_checkpoint_and_exits_zero(tmp_path):
+    import signal
+    import time
+
+    run = str(tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "train", "learner.processes=2", *BASE,
+                             "run.steps=500", "checkpoint.every_steps=0", f"run.dir={run}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    metrics = os.path.join(run, "metrics.jsonl")
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(metrics) and len(read_metrics(run)) >= 4:  # step 0 (eval) + 3 updates
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)  # to the launcher: process 0 saves with the follower, then all stop
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["preempted"] is True and summary["steps"] >= 3
+    assert os.path.isdir(os.path.join(run, "checkpoints", str(summary["steps"])))

@@ -87,7 +87,7 @@ def test_kill9_of_an_actor_process_and_an_actor_joining_and_leaving_lose_nothing
     wait_until(step_at_least(run, 10), learner, what="step 10")
     pids = wait_until(lambda: (p := actor_pids(learner.pid)) and len(p) == 2 and p, learner, what="2 actors")
     os.kill(pids["proc-0"], signal.SIGKILL)  # mid-run, probably mid-generation
-    wait_until(lambda: (p := actor_pids(learner.pid)).get("proc-0") not in (None, pids["proc-0"]), learner,
+    wait_until(lambda: actor_pids(learner.pid).get("proc-0") not in (None, pids["proc-0"]), learner,
                what="proc-0 restarted")
     with open(os.path.join(run, "endpoint.json")) as f:
         endpoint = json.load(f)["dispatch"]

@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from actors.prompt_stream import PromptStream
-from actors.tasks.base import make_task
+from actors.tasks.registry import make_task
 from actors.tasks.config import TaskConfig
 from protocols.admission import AdmissionGate
 from protocols.codec import MAGIC, SCHEMA_VERSION, encode
@@ -138,7 +138,13 @@ def test_a_restarted_learner_is_rejoined_and_old_grants_are_void(ctx):
     old_session = c.wait_welcome(5).session
     old_grant = c.request(2, stop, timeout=5)
     first.server.stop()  # the learner dies with the grant outstanding
-    second = Learner(ctx, external=endpoint)  # ... and comes back on the same port
+    second = None
+    for _ in range(50):  # ... and comes back on the same port (ZeroMQ frees it asynchronously)
+        try:
+            second = Learner(ctx, external=endpoint)
+            break
+        except OSError:
+            time.sleep(0.1)
     assert wait_for(lambda: c.session == second.core.session, timeout=15)
     assert c.session != old_session
     assert not c.send_groups([answer(old_grant, 0)], old_grant)  # work of the old session is not sent

@@ -3,7 +3,7 @@ live grant, gone and hung actors' prompts re-issued, the ledger accounting for e
 import pytest
 
 from actors.prompt_stream import PromptStream
-from actors.tasks.base import make_task
+from actors.tasks.registry import make_task
 from actors.tasks.config import TaskConfig
 from protocols.admission import AdmissionGate
 from protocols.dispatch import Dispatcher, DispatchSettings

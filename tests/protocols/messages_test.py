@@ -188,3 +188,33 @@ def test_message_types_have_distinct_tags_in_the_type_field():
 def test_dispatcher_messages_name_the_bad_field(make, field):
     with pytest.raises(InvalidMessage, match=field):
         make()
+
+
+def test_optional_task_fields_round_trip_and_are_checked():
+    from protocols.codec import decode, encode
+
+    group = make_group(policy_mask=[[True, True], [True, False, True]], reward_errors=["", "timeout"],
+                       task_metrics={"tool_use": [1.0, 0.0]})
+    back = decode(encode(group))
+    assert back.policy_mask == [[True, True], [True, False, True]]
+    assert back.reward_errors == ["", "timeout"] and back.task_metrics == {"tool_use": [1.0, 0.0]}
+    for overrides, expected in [
+        ({"policy_mask": [[True, True], [True]]}, r"policy_mask\[1\]: has 1 entries for 3 tokens"),
+        ({"policy_mask": [[True, True]]}, r"policy_mask: has 1 entries for 2 completions"),
+        ({"reward_errors": [""]}, r"reward_errors: has 1 entries"),
+        ({"task_metrics": {"x": [1.0]}}, r"task_metrics\['x'\]: has 1 entries"),
+        ({"task_metrics": {"x": [1.0, math.nan]}}, r"task_metrics\['x'\]: values must be finite"),
+    ]:
+        with pytest.raises(InvalidMessage, match=expected):
+            make_group(**overrides)
+
+
+def test_a_receiver_without_the_optional_fields_still_decodes_the_group():
+    """Optional fields need no schema bump: an older decoder ignores them."""
+    class OldGroup(msgspec.Struct, kw_only=True, tag="rollout_group", tag_field="type"):
+        prompt_id: str
+        rewards: list[float]
+
+    new = make_group(policy_mask=[[True, True], [True, False, True]], reward_errors=["", "error"])
+    old = msgspec.msgpack.decode(msgspec.msgpack.encode(new), type=OldGroup)
+    assert old.rewards == [1.0, 0.0]

@@ -1,0 +1,177 @@
+"""Generation for one actor step: a single engine call, or multi-turn episodes with an environment.
+
+    rollouts = generate_rollouts(engine, params, task, rows, key)   # rows: [N] prompts (G per prompt)
+
+Single-turn: one ``engine.generate`` call; the completion is what the engine sampled.
+
+Multi-turn (the task has ``environment(prompt)``, actors/tasks/base.py): every row is an episode.
+Each turn, the rows still running are sent to the engine together, each with its whole context so
+far (prompt, the model's earlier turns, the observations); the engine re-prefills that context
+every turn (no KV cache is kept across turns: simple and engine-agnostic, and for the short
+episodes this is meant for the prefill is cheap next to decoding). The model's turn goes to the
+environment, whose Step gives observation tokens to append, a reward and whether the episode is
+done. An episode ends when the environment says done, after ``task.max_turns`` turns, or when the
+tokens after the prompt reach ``task.max_completion_len`` (the last turn is cut there).
+
+What the learner gets per episode: completion = every token after the prompt, in order (model
+turns and observations); policy_mask = True on the model's tokens only, so observations are in
+the context but out of the loss; behavior logprobs = the engine's for model tokens, 0 for
+observations. The learner scores the same sequence in one forward pass, so its logprob of token
+t (from logits[t - 1], the whole context before t) is the one the sampler had: the engine saw
+exactly these ids as its prompt (they are never re-tokenized from text).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from actors.rewards.scoring import ENV_ERROR, make_completion
+from actors.tasks.base import Prompt, Score, Step, is_multi_turn
+from protocols.messages import EngineTimings, RolloutGroup
+
+
+class Rollouts(NamedTuple):
+    """One actor step's generated rows (N = prompts x G), as Python lists."""
+
+    tokens: list[list[int]]  # [N][T_r] completion ids (multi-turn: every turn and observation)
+    logprobs: list[list[float]]  # [N][T_r] behavior logprobs; 0.0 on observation tokens
+    policy_mask: list[list[bool]] | None  # [N][T_r] True on model tokens; None when single-turn
+    versions: np.ndarray | None  # [N] policy version per row (server engines); None: the params' version
+    generated_tokens: int  # tokens the engine sampled (all turns)
+    scores: list[Score] | None  # [N] multi-turn: the environment's reward and metrics; None: ask the task
+    turns: list[int] | None = None  # [N] model turns per episode (multi-turn)
+
+
+def generate_rollouts(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
+                      greedy: bool = False) -> Rollouts:
+    """Single engine call, or episodes when the task is multi-turn (see the module docstring)."""
+    if is_multi_turn(task):
+        return run_episodes(engine, params, task, rows, key, greedy)
+    result = engine.generate(params, [list(p.tokens) for p in rows], key, greedy=greedy)
+    tokens, logprobs = [], []
+    for r in range(len(rows)):
+        n = int(result.lengths[r])
+        tokens.append(result.tokens[r, :n].tolist())
+        logprobs.append(result.logprobs[r, :n].astype(np.float64).tolist())
+    versions = getattr(result, "policy_versions", None)
+    return Rollouts(tokens, logprobs, None, None if versions is None else np.asarray(versions),
+                    int(result.lengths.sum()), None)
+
+
+class _Episode:
+    def __init__(self, prompt: Prompt, env: Any):
+        self.prompt, self.env = prompt, env
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.mask: list[bool] = []
+        self.reward = 0.0
+        self.metrics: dict[str, float] = {}
+        self.error = ""
+        self.turns = 0
+        self.done = False
+        self.version: int | None = None
+
+
+def run_episodes(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
+                 greedy: bool = False) -> Rollouts:
+    """Runs one episode per row to its end; see the module docstring."""
+    budget = int(task.max_completion_len)
+    max_turns = int(getattr(task, "max_turns", 1))
+    episodes = []
+    for p in rows:
+        try:
+            episodes.append(_Episode(p, task.environment(p)))
+        except Exception:  # noqa: BLE001 - a broken environment ends only its own episode
+            ep = _Episode(p, None)
+            ep.done, ep.error = True, ENV_ERROR
+            episodes.append(ep)
+    generated = 0
+    for turn in range(max_turns):
+        live = [ep for ep in episodes if not ep.done]
+        if not live:
+            break
+        context = [list(ep.prompt.tokens) + ep.tokens for ep in live]
+        result = engine.generate(params, context, jax.random.fold_in(key, turn), greedy=greedy)
+        versions = getattr(result, "policy_versions", None)
+        for r, ep in enumerate(live):
+            n = min(int(result.lengths[r]), budget - len(ep.tokens))
+            ids = result.tokens[r, :n].tolist()
+            generated += n
+            ep.tokens += ids
+            ep.logprobs += result.logprobs[r, :n].astype(np.float64).tolist()
+            ep.mask += [True] * n
+            ep.turns += 1
+            if versions is not None:
+                v = int(versions[r])
+                ep.version = v if ep.version is None else min(ep.version, v)
+            _env_step(task, ep, ids, budget, last_turn=turn == max_turns - 1)
+    return Rollouts([ep.tokens for ep in episodes], [ep.logprobs for ep in episodes],
+                    [ep.mask for ep in episodes],
+                    None if episodes[0].version is None else np.asarray([ep.version or 0 for ep in episodes]),
+                    generated,
+                    [Score(0.0 if ep.error else ep.reward, None, ep.metrics, ep.error) for ep in episodes],
+                    [ep.turns for ep in episodes])
+
+
+def _env_step(task, ep: _Episode, ids: list[int], budget: int, last_turn: bool) -> None:
+    """The environment's answer to one model turn, applied to the episode."""
+    try:
+        step = ep.env.step(make_completion(task.tokenizer, ids))
+        if not isinstance(step, Step):
+            raise TypeError(f"environment.step must return a Step, got {type(step).__name__}")
+        reward = float(step.reward)
+        if not np.isfinite(reward):
+            raise ValueError("non-finite reward")
+        observation = [int(t) for t in step.observation]
+    except Exception:  # noqa: BLE001 - the episode ends, scored 0 and counted
+        ep.done, ep.error = True, ENV_ERROR
+        return
+    ep.reward += reward
+    for k, v in dict(step.metrics).items():
+        ep.metrics[k] = ep.metrics.get(k, 0.0) + float(v)
+    room = budget - len(ep.tokens)
+    if step.done or last_turn or room <= len(observation):
+        ep.done = True  # an observation the model would never answer is not kept
+        return
+    ep.tokens += observation
+    ep.logprobs += [0.0] * len(observation)
+    ep.mask += [False] * len(observation)
+
+
+def build_groups(task_name: str, actor_id: str, prompts: Sequence[Prompt], out: Rollouts,
+                 scores: Sequence[Sequence[Score]], version: int, call: EngineTimings,
+                 grant_id: str = "") -> list[RolloutGroup]:
+    """One RolloutGroup per prompt from an actor step's rollouts (G = rows per prompt) and scores.
+
+    call: the whole engine call's timings; each group gets its share of generate_seconds by tokens.
+    grant_id: the dispatcher's grant the groups answer.
+    """
+    G = len(out.tokens) // len(prompts)
+    groups = []
+    for i, prompt in enumerate(prompts):
+        rows = range(i * G, (i + 1) * G)
+        completions = [out.tokens[r] for r in rows]
+        group_scores = scores[i]
+        exact = [s.exact_match for s in group_scores]
+        names = sorted({k for s in group_scores for k in s.metrics})
+        tokens = sum(len(c) for c in completions)
+        groups.append(RolloutGroup(
+            prompt_id=prompt.prompt_id, task=task_name, prompt_tokens=list(prompt.tokens),
+            completion_tokens=completions, behavior_logprobs=[out.logprobs[r] for r in rows],
+            rewards=[s.reward for s in group_scores],
+            exact_match=None if any(e is None for e in exact) else exact,
+            policy_mask=None if out.policy_mask is None else [out.policy_mask[r] for r in rows],
+            reward_errors=[s.error for s in group_scores] if any(s.error for s in group_scores) else None,
+            task_metrics={k: [float(s.metrics.get(k, 0.0)) for s in group_scores] for k in names} or None,
+            actor_id=actor_id,
+            # Server engines report each row's version; a group is as old as its oldest row.
+            policy_version=version if out.versions is None else int(min(out.versions[i * G:(i + 1) * G])),
+            timings=EngineTimings(queued_at=call.queued_at, started_at=call.started_at,
+                                  finished_at=call.finished_at,
+                                  generate_seconds=call.generate_seconds * tokens / max(out.generated_tokens, 1),
+                                  num_tokens=tokens, engine=call.engine),
+            grant_id=grant_id))
+    return groups

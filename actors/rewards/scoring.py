@@ -1,0 +1,101 @@
+"""Scoring completions: the Scorer interface, the inline scorer, and the one call the actor makes.
+
+    scorer = make_scorer(task_cfg, task, tokenizer)        # actors/rewards/__init__.py
+    scores = score_groups(scorer, task, prompts, rows)     # [n_prompts][G] Score, one call per engine result
+
+A Scorer turns (prompt, completion) items into Scores. Where it runs is its business: inline in the
+actor thread (InlineScorer), in worker processes with time and memory limits (pool.RewardPool), or
+on an HTTP reward server (remote.RemoteScorer). Whatever goes wrong with one completion's reward (it
+raises, returns a non-number or NaN, hangs, exhausts memory, kills its process, the server fails)
+gives that completion reward 0 and a reason in Score.error; it never stops the run.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from actors.tasks.base import Completion, Prompt, Score, as_score, completion_text
+
+Item = tuple[Prompt, Completion]
+
+# Reasons in Score.error / RolloutGroup.reward_errors (metrics: reward/errors/<reason>).
+ERROR = "error"  # the reward raised
+INVALID = "invalid"  # it returned something other than a finite number or a Score
+TIMEOUT = "timeout"  # it ran past task.reward_timeout_s (its worker was replaced)
+CRASHED = "crashed"  # its worker process died (os._exit, a signal, the kernel's OOM killer)
+MEMORY = "memory"  # it hit the worker's memory limit (MemoryError)
+ENV_ERROR = "env_error"  # a multi-turn environment raised (the episode ends there)
+
+
+class Scorer(Protocol):
+    def score_groups(self, groups: Sequence[Sequence[Item]]) -> list[list[Score]]:
+        """Scores of each group's items (same nesting); never raises for a reward's failure."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def failed(reason: str) -> Score:
+    return Score(0.0, None, {}, reason)
+
+
+def safe_score(task, prompt: Prompt, completion: Completion) -> Score:
+    """task.score with every failure of the reward itself turned into a 0 with its reason."""
+    try:
+        value = task.score(prompt, completion)
+    except MemoryError:
+        return failed(MEMORY)
+    except Exception:  # noqa: BLE001 - any error of user code is the reward's failure, not ours
+        return failed(ERROR)
+    try:
+        score = as_score(value)
+        reward = float(score.reward)
+        metrics = {str(k): float(v) for k, v in dict(score.metrics).items()}
+    except (TypeError, ValueError):
+        return failed(INVALID)
+    if not math.isfinite(reward) or not all(math.isfinite(v) for v in metrics.values()):
+        return failed(INVALID)
+    exact = None if score.exact_match is None else bool(score.exact_match)
+    return Score(reward, exact, metrics, "")
+
+
+class InlineScorer:
+    """Calls task.score in the caller's thread: no process boundary, so no time or memory limit
+    (task.reward_workers=0; for rewards you trust to be fast)."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def score_groups(self, groups: Sequence[Sequence[Item]]) -> list[list[Score]]:
+        return [[safe_score(self.task, p, c) for p, c in group] for group in groups]
+
+    def close(self) -> None:
+        pass
+
+
+def make_completion(tokenizer, ids: Sequence[int]) -> Completion:
+    ids = tuple(int(t) for t in ids)
+    return Completion(ids, completion_text(tokenizer, ids))
+
+
+def score_groups(scorer: Scorer, task, prompts: Sequence[Prompt],
+                 completions: Sequence[Sequence[Sequence[int]]]) -> list[list[Score]]:
+    """Scores one engine result: completions[i] holds prompt i's G generated id lists.
+
+    Text is decoded here, once, with the task's tokenizer (up to the first EOS, specials skipped).
+    """
+    if len(prompts) != len(completions):
+        raise ValueError(f"score_groups: {len(prompts)} prompts but {len(completions)} groups")
+    groups = [[(p, make_completion(task.tokenizer, ids)) for ids in rows]
+              for p, rows in zip(prompts, completions)]
+    return scorer.score_groups(groups)
+
+
+def score_rollouts(scorer: Scorer, task, prompts: Sequence[Prompt], rollouts) -> list[list[Score]]:
+    """[n_prompts][G] Scores of an actor step's rollouts (actors/episodes.py): the environment's
+    when the episodes brought them, else the task's reward through the scorer."""
+    G = len(rollouts.tokens) // len(prompts)
+    if rollouts.scores is not None:
+        return [list(rollouts.scores[i * G:(i + 1) * G]) for i in range(len(prompts))]
+    return score_groups(scorer, task, prompts, [rollouts.tokens[i * G:(i + 1) * G] for i in range(len(prompts))])

@@ -1,0 +1,119 @@
+"""`cadence status` on hand-made run directories: the state from heartbeat, process and summary;
+numbers from the tail of metrics.jsonl. (Real running / preempted / killed runs: tests/e2e/observability_test.py.)"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from launch import cli, status
+
+
+def make_run(path, steps=100, target=0.0, records=(), hb=None, summary=None, ckpt_steps=()):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.yaml"), "w") as f:
+        yaml.safe_dump({"run": {"steps": steps, "stop_at_exact_match": target}, "actors": {"num_actors": 2}}, f)
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    if hb is not None:
+        with open(os.path.join(path, "heartbeat.json"), "w") as f:
+            json.dump(hb, f)
+    if summary is not None:
+        with open(os.path.join(path, "summary.json"), "w") as f:
+            json.dump(summary, f)
+    for s in ckpt_steps:
+        os.makedirs(os.path.join(path, "checkpoints", str(s)))
+    return str(path)
+
+
+def beat(state="running", pid=None, host=None, age=0.0, interval=5.0):
+    return {"pid": pid or os.getpid(), "host": host or socket.gethostname(), "state": state,
+            "started_at": time.time() - 100, "time": time.time() - age, "interval": interval}
+
+
+def records(n, t0=10.0, dt=0.5, b=64):
+    out = [{"step": 0, "samples": 0, "wall_time": t0, "eval/exact_match": 0.1}]
+    for s in range(1, n + 1):
+        r = {"step": s, "samples": s * b, "wall_time": t0 + s * dt, "reward/mean": 0.01 * s, "batch_size": b,
+             "staleness/mean": 1.0, "staleness/max": 1, "actors/tokens_per_second": 1000.0 + s,
+             "learner/tokens_per_second": 2000.0, "queue/depth": 3, "dropped/stale": 1}
+        if s % 10 == 0:
+            r["eval/exact_match"] = 0.1 + 0.01 * s
+        out.append(r)
+    return out
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+@pytest.mark.parametrize("hb, summary, state", [
+    # heartbeats are made when the test runs (a parameter is built at collection, minutes earlier)
+    (dict(), None, "running"),
+    (dict(pid="dead"), None, "dead"),  # kill -9: the process is gone, no final word
+    (dict(age=60.0), None, "dead"),  # alive, but no heartbeat for 60 s (interval 5): hung
+    (dict(host="another-host", pid=1, age=2.0), None, "running"),  # another host: freshness decides
+    (dict(host="another-host", pid=1, age=600.0), None, "dead"),
+    (dict(state="finished"), {"preempted": False}, "finished"),
+    (dict(state="preempted"), {"preempted": True}, "preempted"),
+    (dict(state="failed"), None, "dead"),
+    (None, {"preempted": True}, "preempted"),  # a run from before heartbeats
+    (None, {"preempted": False}, "finished"),
+    (None, None, "dead"),
+])
+def test_state_and_exit_code(tmp_path, hb, summary, state, capsys):
+    if hb is not None:
+        hb = beat(**dict(hb, pid=dead_pid()) if hb.get("pid") == "dead" else hb)
+    run = make_run(tmp_path / "run", records=records(5), hb=hb, summary=summary)
+    assert status.run_status(run)["state"] == state
+    assert cli.main(["status", run]) == status.EXIT_CODES[state]
+    assert state in capsys.readouterr().out
+
+
+def test_numbers_come_from_the_tail_of_the_metrics(tmp_path):
+    run = make_run(tmp_path / "run", steps=200, target=0.9, records=records(60), hb=beat(), ckpt_steps=(50, 25))
+    st = status.run_status(run)
+    assert (st["step"], st["steps_total"], st["samples"], st["batch_size"]) == (60, 200, 3840, 64)
+    rewards = [0.01 * s for s in range(1, 61)]
+    assert st["reward"] == pytest.approx(np.mean(rewards[-20:]))
+    assert st["reward_trend"] == pytest.approx(np.mean(rewards[-20:]) - np.mean(rewards[-40:-20]))
+    assert (st["exact_match"], st["exact_match_step"]) == (pytest.approx(0.7), 60)
+    assert st["exact_match_trend"] == pytest.approx(0.1)
+    assert st["samples_per_second"] == pytest.approx(64 / 0.5)  # B every 0.5 s
+    assert st["eta_steps_seconds"] == pytest.approx(140 * 0.5)  # 140 steps left at 2 steps/s
+    # exact match rises 0.1 per 5 s: 0.7 -> 0.9 in 10 s
+    assert st["eta_target_seconds"] == pytest.approx(10.0)
+    assert st["checkpoint_step"] == 50 and st["checkpoint_age"] < 60
+    assert st["dropped"] == {"stale": 1} and st["queue_depth"] == 3
+
+
+def test_tail_reads_a_long_file_from_its_end(tmp_path):
+    run = make_run(tmp_path / "run", records=records(20000), hb=beat())
+    rows = status.tail_records(os.path.join(run, "metrics.jsonl"))
+    assert 2 * status.WINDOW <= len(rows) < 20000 and rows[-1]["step"] == 20000
+    assert status.run_status(run)["step"] == 20000
+
+
+def test_not_a_run_directory_exits_1(tmp_path, capsys):
+    assert cli.main(["status", str(tmp_path)]) == status.EXIT_NOT_A_RUN
+    assert "not a Cadence run directory" in capsys.readouterr().err
+
+
+def test_json_output(tmp_path, capsys):
+    run = make_run(tmp_path / "run", records=records(3), hb=beat("finished"), summary={"preempted": False})
+    assert cli.main(["status", run, "--json"]) == 4
+    assert json.loads(capsys.readouterr().out)["state"] == "finished"
+
+
+def test_watch_returns_when_the_run_stops(tmp_path, capsys):
+    run = make_run(tmp_path / "run", records=records(3), hb=beat("preempted"), summary={"preempted": True})
+    assert cli.main(["status", run, "--watch", "--interval", "0.1"]) == status.EXIT_CODES["preempted"]
+    assert "preempted" in capsys.readouterr().out
