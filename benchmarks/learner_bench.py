@@ -145,8 +145,9 @@ def main() -> None:
     # A second bare baseline on a mesh: the same microbatch accumulation as ours (one jitted
     # value_and_grad per microbatch already on the devices, then the optimizer step), without
     # Cadence's host side; ours / it is what Cadence adds, bare / it what microbatching costs.
-    bare_mb = None
-    if layout is not None:
+    if layout is None:
+        bare_mb = None
+    else:
         tx, n_dev = step.optimizer, layout.scalar(num_tokens)
         bare_state = {"p": params, "o": step.init(params).opt_state}
         mb_dev = [type(mb)(*layout.put_batch([np.asarray(x) for x in mb])) for mb in microbatches]
@@ -159,7 +160,7 @@ def main() -> None:
         apply_mb = jax.jit(lambda params, opt_state, g: (lambda u: (optax.apply_updates(params, u[0]), u[1]))(
             tx.update(g, opt_state, params)), in_shardings=(p, o, p), out_shardings=(p, o), donate_argnums=(2,))
 
-        def bare_mb():  # noqa: F811 (None above when there is no mesh)
+        def bare_mb():
             g = zeros(bare_state["p"])
             for mb in mb_dev:
                 g = grad_mb(bare_state["p"], g, mb, n_dev)

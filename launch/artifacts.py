@@ -64,3 +64,20 @@ def load_params(run_dir: str, template):
 
     with ocp.StandardCheckpointer() as ckpt:
         return ckpt.restore(path, template)
+
+
+def params_digest(params) -> str:
+    """SHA-256 over every param array's dtype, shape and bytes, in tree-path order: equal digests
+    mean bitwise-equal params, however they were sharded."""
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    h = hashlib.sha256()
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    for path, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
+        a = np.asarray(leaf)
+        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()

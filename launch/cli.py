@@ -9,6 +9,8 @@
     cadence keys DIR                                    write CurveZMQ keys (actors.keys_dir=DIR)
     cadence status RUN_DIR [--watch] [--json]           is the run healthy? (one screen)
     cadence report RUN_DIR [RUN_DIR ...] [--out FILE]   one self-contained HTML file of plots
+    cadence launch ray [--address ADDR] [--config FILE ...] [key=value ...]   the run on a Ray cluster
+    cadence launch ray --status RUN_DIR | --stop RUN_DIR                      its processes; a clean stop
 
 Exit status: 0 done (also after SIGTERM/SIGINT with a final checkpoint), 1 runtime failure,
 2 bad config (the message names the key), 3 nothing to do (the run already finished).
@@ -74,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="an HTML report with plots comparing runs (no network needed to view)")
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", default=None, help="output file (default RUN_DIR/report.html, or ./report.html for several)")
+    lr = sub.add_parser("launch", help="run on a cluster: `cadence launch ray` (pip install 'cadence-rl[ray]')")
+    lr.add_argument("backend", choices=["ray"])
+    lr.add_argument("--address", default=None, help="Ray cluster address HOST:PORT (default: $RAY_ADDRESS, "
+                    "else a local cluster is started)")
+    lr.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML config file (repeatable)")
+    lr.add_argument("--status", metavar="RUN_DIR", help="print the launched run's processes, nodes, restarts, "
+                    "step and samples")
+    lr.add_argument("--stop", metavar="RUN_DIR", help="stop the launched run cleanly (final checkpoint)")
+    lr.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
     return p
 
 
@@ -189,6 +200,34 @@ def cmd_experiment(args) -> int:
     return 0
 
 
+def cmd_launch(args) -> int:
+    from launch import ray_status
+
+    if args.status or args.stop:
+        try:
+            if args.status:
+                print(json.dumps(ray_status.read_status(args.status), indent=1))
+            else:
+                print(json.dumps({"stop_requested": ray_status.request_stop(args.stop)}))
+        except FileNotFoundError as e:
+            return _fail(str(e), 1)
+        return 0
+    from launch import artifacts
+    from launch.config import load_config
+    from launch.config_loader import ConfigError
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        return _fail(f"config error: {e}", EXIT_CONFIG)
+    try:
+        from launch.ray_launch import RayLaunch
+    except ImportError as e:
+        return _fail(f"Ray is not installed ({e}); pip install 'cadence-rl[ray]'", 1)
+    run_dir = os.path.abspath(cfg.run.dir or artifacts.default_run_dir(cfg))
+    return RayLaunch(cfg, run_dir, address=args.address or os.environ.get("RAY_ADDRESS")).run()
+
+
 def cmd_keys(args) -> int:
     from protocols.zmq_transport import SecurityError, write_keys
 
@@ -275,6 +314,8 @@ def main(argv=None) -> int:
         return cmd_status(args)
     if args.command == "report":
         return cmd_report(args)
+    if args.command == "launch":
+        return cmd_launch(args)
     return cmd_eval(args)
 
 

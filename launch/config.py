@@ -41,6 +41,9 @@ class RunConfig:
     heartbeat_seconds: float = 5.0  # RUN_DIR/heartbeat.json is rewritten this often; `cadence status` reads it
     # JAX persistent compilation cache: "auto" ($XDG_CACHE_HOME or ~/.cache, /cadence/jax), a directory, or "none"
     jax_cache: str = "auto"
+    # After a resume, record a SHA-256 of the restored params in summary["resumed_from"] (checks a
+    # reshard onto another process count; gathers the params on process 0 once).
+    resume_digest: bool = False
 
     def validate(self) -> None:
         if self.steps < 0:
@@ -67,6 +70,63 @@ class RunConfig:
             raise ValueError(f"heartbeat_seconds: must be > 0, got {self.heartbeat_seconds}")
 
 
+_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """`cadence launch ray`: where Ray places the learner and actor processes, and what it restarts.
+
+    Per process, a placement-group bundle of `*_cpus` CPUs, `*_gpus` GPUs and the custom
+    resources `*_resources` ("name=amount", e.g. "learner_host=1"); `learner.processes` learner
+    processes (one jax.distributed group) and `actors.processes` actor processes.
+    """
+
+    learner_cpus: float = 1.0  # CPUs reserved per learner process
+    learner_gpus: float = 0.0  # GPUs per learner process (Ray sets CUDA_VISIBLE_DEVICES)
+    learner_resources: tuple[str, ...] = ()  # custom resources per learner process, "name=amount"
+    learner_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "SPREAD"  # placement of the learner's bundles
+    actor_cpus: float = 1.0  # CPUs reserved per actor process
+    actor_gpus: float = 0.0  # GPUs per actor process
+    actor_resources: tuple[str, ...] = ()  # custom resources per actor process, "name=amount"
+    max_restarts: int = 3  # learner group restarts (from the newest checkpoint) before the job fails
+    actor_max_restarts: int = -1  # Ray restarts of each actor process (-1 = unlimited)
+    elastic_timeout_s: float = 60.0  # after a learner loss, wait this long for its capacity, then continue on fewer
+    min_learner_processes: int = 1  # never continue on fewer learner processes than this
+    grow_check_s: float = 10.0  # a shrunk learner checks this often whether capacity returned (0 = never grow)
+    place_timeout_s: float = 600.0  # the first placement of every process must succeed within this
+    env: tuple[str, ...] = ()  # KEY=VALUE pairs added to every launched process's environment
+    curve: bool = True  # generate CurveZMQ keys and hand them out through Ray (off only on loopback)
+
+    def validate(self) -> None:
+        for name in ("learner_cpus", "learner_gpus", "actor_cpus", "actor_gpus"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("learner_resources", "actor_resources", "env"):
+            for i, entry in enumerate(getattr(self, name)):
+                key, sep, value = entry.partition("=")
+                if not sep or not key.strip():
+                    raise ValueError(f"{name}[{i}]: expected NAME=VALUE, got {entry!r}")
+                if name != "env":
+                    try:
+                        float(value)
+                    except ValueError:
+                        raise ValueError(f"{name}[{i}]: amount {value!r} is not a number") from None
+        if self.learner_strategy not in _STRATEGIES:
+            raise ValueError(f"learner_strategy: must be one of {_STRATEGIES}, got {self.learner_strategy!r}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts: must be >= 0, got {self.max_restarts}")
+        if self.actor_max_restarts < -1:
+            raise ValueError(f"actor_max_restarts: must be >= -1 (-1 = unlimited), got {self.actor_max_restarts}")
+        if self.min_learner_processes < 1:
+            raise ValueError(f"min_learner_processes: must be >= 1, got {self.min_learner_processes}")
+        for name in ("elastic_timeout_s", "grow_check_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if not self.place_timeout_s > 0:
+            raise ValueError(f"place_timeout_s: must be > 0, got {self.place_timeout_s}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     run: RunConfig = dataclasses.field(default_factory=RunConfig)  # the run itself
@@ -77,6 +137,7 @@ class Config:
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)  # training side
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)  # batch-size control
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)  # save and resume
+    launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)  # `cadence launch ray` placement and restarts
 
     def validate(self) -> None:
         """Checks spanning sections (each section validated itself already)."""

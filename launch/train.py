@@ -127,6 +127,10 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     sft_metrics = {}
     if begin.restored:
         state = template._replace(**begin.arrays, step=begin.step0)
+        if cfg.run.resume_digest:  # proves a reshard onto another process count kept every bit
+            begin.summary["resumed_from"][-1].update(
+                params_sha256=artifacts.params_digest(procs.gather(state.params)),
+                learner_processes=procs.group.num_processes)
     else:  # warm up first: PPO's reference policy and critic trunk start from the weights RL starts from
         params, sft_metrics = supervised_warmup(cfg, logits_fn, policy.params, begin.stream, L,
                                                 policy.tokenizer.pad_id, progress, sft_step)  # [sharded learner]

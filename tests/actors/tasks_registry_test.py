@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from actors.tasks.base import Completion, Prompt, Score
+from actors.tasks.base import Completion, Score
 from actors.tasks.config import TaskConfig
 from actors.tasks.registry import make_task
 from launch.config import load_config

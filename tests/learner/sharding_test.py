@@ -3,7 +3,6 @@
 The multi-device and multi-process checks run in child processes (sharded_step_test.py,
 tests/e2e/learner_group_test.py); these run on this suite's single device.
 """
-import functools
 
 import jax
 import numpy as np
