@@ -19,6 +19,7 @@ from launch.config import load_config
 from launch.metrics import read_metrics
 from launch.train import train
 from learner.loop import Decision, PipelineStopped
+from tests.slow_learner import SlowLearner
 
 FAST = ["learner.sft.steps=5", "task.heldout_size=16", "run.progress=false", "run.eval_every=0",
         "learner.batch_size=32", "learner.microbatch_size=16", "actors.prompts_per_call=2"]
@@ -81,18 +82,6 @@ def test_resume_keeps_the_batch_size_adam_and_concurrency_the_controller_chose(t
     assert before["batch_size"] == after["batch_size"] == 64
     assert hyper(before) == hyper(after) and after["actors/concurrency"] == 4
     assert after["learning_rate"] == pytest.approx(1e-3 * 2 ** 0.5)
-
-
-class SlowLearner:
-    def __init__(self, inner, seconds):
-        self.inner, self.seconds = inner, seconds
-
-    def update(self, state, microbatches, num_tokens):
-        time.sleep(self.seconds)
-        return self.inner.update(state, microbatches, num_tokens)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 @pytest.mark.slow

@@ -1,24 +1,9 @@
 """With a deliberately slow learner, no update uses a sample older than max_staleness versions."""
-import time
-
 import pytest
 
 from launch.metrics import read_metrics
 from launch.train import train
-
-
-class SlowLearner:
-    """Real GRPOTrainStep, slowed down so that actors run as far ahead as admission lets them."""
-
-    def __init__(self, inner, seconds):
-        self.inner, self.seconds = inner, seconds
-
-    def update(self, state, microbatches, num_tokens):
-        time.sleep(self.seconds)
-        return self.inner.update(state, microbatches, num_tokens)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+from tests.slow_learner import SlowLearner
 
 
 @pytest.mark.parametrize("eta", [0, 2])

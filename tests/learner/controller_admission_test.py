@@ -4,7 +4,6 @@ A real run (actor threads, admission gate, learner loop) through launch.train.tr
 controller that grows and shrinks B between updates, and a slowed learner so the actors run as far
 ahead as admission lets them.
 """
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ from launch.config import load_config
 from launch.metrics import read_metrics
 from launch.train import train
 from learner.loop import Decision
+from tests.slow_learner import SlowLearner
 
 FAST = ["learner.sft.steps=5", "task.heldout_size=16", "run.progress=false", "run.eval_every=0",
         "learner.batch_size=32", "learner.microbatch_size=16", "actors.num_actors=2",
@@ -30,18 +30,6 @@ class Scripted:
         if step in SCHEDULE:
             return Decision(batch_size=SCHEDULE[step], reason=f"scripted B -> {SCHEDULE[step]}")
         return None
-
-
-class SlowLearner:
-    def __init__(self, inner, seconds):
-        self.inner, self.seconds = inner, seconds
-
-    def update(self, state, microbatches, num_tokens):
-        time.sleep(self.seconds)
-        return self.inner.update(state, microbatches, num_tokens)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 @pytest.mark.parametrize("eta", [1, pytest.param(0, marks=pytest.mark.slow)])  # ~20 s each
