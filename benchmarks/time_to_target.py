@@ -9,6 +9,7 @@ first evaluation that reaches the target. Setups, in one invocation:
   reference      benchmarks/configs/reference.yaml: the setup the brief quoted a PyTorch GRPO
                  trainer for (135k-param Llama, 30 warm-up steps, 16 prompts x 8, Adam 3e-4, no KL)
   processes-1    the default with actors.processes=1 (the actor in its own process, over ZeroMQ)
+  processes-2    the default with actors.processes=2 (two actor processes)
 Prints one JSON line per setup (median over seeds) and a final comparison line.
 
     python benchmarks/time_to_target.py [--seeds 0 1 2] [--setups default default-sync reference]
@@ -40,6 +41,7 @@ SETUPS = {
     "default-inline": ["task.reward_workers=0"],
     "reference": ["--config", os.path.join(HERE, "configs", "reference.yaml")],
     "processes-1": ["actors.processes=1"],  # the default with its actor in a process of its own
+    "processes-2": ["actors.processes=2"],
 }
 
 

@@ -56,8 +56,12 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
         if client.session and client.session != session:  # the learner restarted and took us back
             session = client.session
             log(f"{actor_id}: joined session {session} (the learner restarted)")
+        if client.stop_reason:  # the learner said so; the worker may be waiting on a learner that is gone
+            stop.set()  # (a weights fetch from a server that just closed), so it gets a short grace only
+            worker.join(5.0)
+            break
     actor.scorer.close()  # its reward workers
-    if actor.error is not None:  # the worker already said Goodbye with the error
+    if actor.error is not None and not client.stop_reason:  # the worker already said Goodbye with the error
         log(f"{actor_id}: failed: {type(actor.error).__name__}: {actor.error}")
         return EXIT_FAILED
     reason = client.stop_reason or "stopped"

@@ -140,8 +140,7 @@ class Pipeline:
             return
         self._stopped = True
         if finished:
-            self.server.call(lambda core: core.control_all(Control(stop=True, reason="finished")))
-            time.sleep(min(0.2, _left(deadline)))  # let the word go out before the sockets close
+            self._tell_actors_finished(deadline)
         self.stop_event.set()
         for t in self._threads:
             t.join(_left(deadline))
@@ -154,6 +153,20 @@ class Pipeline:
             self.weight_server.stop(min(2.0, _left(deadline)))
         stop_authenticator(self.ctx)
         self.ctx.destroy(linger=0)
+
+    def _tell_actors_finished(self, deadline: float, patience: float = 3.0) -> None:
+        """Say "finished" until every actor has said Goodbye, or for `patience` seconds: a word
+        sent once can be lost with the sockets that close right after, and an actor that missed
+        it would wait for a learner that never comes back."""
+        until = time.monotonic() + min(patience, _left(deadline))
+        while True:
+            self.server.call(lambda core: core.control_all(Control(stop=True, reason="finished")))
+            time.sleep(0.1)
+            with self.server.lock:
+                outside = [a for a in self.server.core.actors if a not in self._thread_ids]
+            if not outside or time.monotonic() >= until:
+                return
+            time.sleep(0.15)
 
     def abort(self) -> None:
         """On a stop signal: cut in-flight generation short (SGLang requests) instead of finishing it."""
