@@ -112,6 +112,9 @@ def main() -> None:
     parser.add_argument("--data", type=int, default=1, help="mesh data axis")
     parser.add_argument("--fsdp", type=int, default=-1, help="mesh fsdp axis (-1: the rest)")
     parser.add_argument("--tensor", type=int, default=1, help="mesh tensor axis")
+    parser.add_argument("--microbatch", type=int, default=MICROBATCH,
+                        help="rows per microbatch (on a mesh they split over data x fsdp: 128 on 4 "
+                             "devices is the one-device default's 32 rows per device)")
     parser.add_argument("--model", choices=["tiny", "small"], default="tiny",
                         help="tiny: the default 127k model; small: d256 x 4 layers, vocab 256 (3.7M)")
     args = parser.parse_args()
@@ -122,14 +125,14 @@ def main() -> None:
     _, abstract = llama.abstract_params(mcfg)
     layout = sharding.make_layout(mesh_cfg, abstract)  # None on one device: the plain program
     graphdef, params = llama.init_params(mcfg, 0, None if layout is None else layout.params)
-    cfg = LearnerConfig(batch_size=BATCH, microbatch_size=MICROBATCH, group_size=GROUP, mesh=mesh_cfg)
+    cfg = LearnerConfig(batch_size=BATCH, microbatch_size=args.microbatch, group_size=GROUP, mesh=mesh_cfg)
     cfg.validate()
     logits_fn = functools.partial(llama.forward, graphdef)
     step = GRPOTrainStep(logits_fn, cfg, layout=layout)
 
     groups = make_groups(mcfg.vocab_size)
     t0 = time.perf_counter()
-    microbatches, stats = build_microbatches(groups, SEQ_LEN, MICROBATCH, PAD, cfg.grpo)
+    microbatches, stats = build_microbatches(groups, SEQ_LEN, args.microbatch, PAD, cfg.grpo)
     batching_s = time.perf_counter() - t0
     (full,), _ = build_microbatches(groups, SEQ_LEN, BATCH, PAD, cfg.grpo)
     num_tokens = stats["num_tokens"]
@@ -182,7 +185,7 @@ def main() -> None:
         "device": jax.devices()[0].device_kind, "devices": len(jax.devices()),
         "mesh": None if layout is None else dict(layout.mesh.shape),
         "model_params": llama.count_params(params),
-        "batch": BATCH, "microbatch": MICROBATCH, "seq_len": SEQ_LEN,
+        "batch": BATCH, "microbatch": args.microbatch, "seq_len": SEQ_LEN,
         "tokens_per_update": tokens, "completion_tokens_per_update": num_tokens,
         "ours_tokens_per_s": round(tokens / ours_t, 1),
         "bare_tokens_per_s": round(tokens / bare_t, 1),

@@ -8,7 +8,12 @@ Host loop per batch (GRPOTrainStep.update), with learner.minibatches = k (defaul
     params, opt_state, grad_norm = apply(params, opt_state, grads)                  # grads donated
 
 The loss of each microbatch is normalized by the completion-token count of its whole minibatch, so
-the accumulated gradient is exactly the minibatch gradient (the full-batch one when k = 1). Shapes
+the accumulated gradient is exactly the minibatch gradient (the full-batch one when k = 1). A
+minibatch of one microbatch (microbatch_size = batch_size, common on a mesh, where microbatch rows
+split over the devices) runs accumulate and apply as one program: the separate apply was one more
+launch and set of collectives per update (~4 of 37 ms on 4 CPU devices). With several
+microbatches the two stay apart, since fusing would compile the model's gradient twice (+2-4 s of
+startup on the default run). Shapes
 are fixed by microbatch_size and seq_len and num_tokens is a traced scalar, so a new number of microbatches (a new batch size) or new
 hyperparameters (arrays in opt_state) never recompile; `cache_sizes()` lets tests assert that.
 
@@ -91,6 +96,8 @@ class GRPOTrainStep:
             self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(1,))
             self._apply = jax.jit(self._apply_impl, donate_argnums=donate_apply)
             self._accumulate_proximal = self._accumulate
+            self._accumulate_apply = jax.jit(self._accumulate_apply_impl, donate_argnums=donate_apply)
+            self._accumulate_apply_proximal = self._accumulate_apply
             return
         p, b, r = layout.params, layout.batch, layout.replicated
         o = layout.opt_state(self.optimizer)
@@ -105,6 +112,11 @@ class GRPOTrainStep:
                                             in_shardings=(p, p, b, r, r, b), out_shardings=(p, r))
         self._apply = jax.jit(self._apply_impl, donate_argnums=donate_apply,
                               in_shardings=(p, o, p), out_shardings=(p, o, r))
+        self._accumulate_apply = jax.jit(self._accumulate_apply_impl, donate_argnums=donate_apply,
+                                         in_shardings=(p, o, p, b, r, r), out_shardings=(p, o, r, r))
+        self._accumulate_apply_proximal = jax.jit(
+            self._accumulate_apply_impl, donate_argnums=donate_apply,
+            in_shardings=(p, o, p, b, r, r, b), out_shardings=(p, o, r, r))
 
     # ---- pure functions (traced) ----
 
@@ -148,6 +160,11 @@ class GRPOTrainStep:
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, grad_norm
 
+    def _accumulate_apply_impl(self, params, opt_state, grads, packed, num_tokens, num_sequences,
+                               proximal=None):
+        grads, stats = self._accumulate_impl(params, grads, packed, num_tokens, num_sequences, proximal)
+        return (*self._apply_impl(params, opt_state, grads), stats)
+
     # ---- host API ----
 
     def init(self, params) -> LearnerState:
@@ -175,6 +192,10 @@ class GRPOTrainStep:
         """
         if not microbatches:
             raise ValueError("accumulate_gradients: no microbatches")
+        packed, n, s = self._prepare(params, microbatches, num_tokens, packed)
+        return self._accumulate_all(params, packed, n, s, proximal)
+
+    def _prepare(self, params, microbatches, num_tokens, packed):
         if self._metric_keys is None:  # trace once abstractly (no compile) for the metric names
             _, shapes = jax.eval_shape(self.loss_fn, params, microbatches[0], jnp.float32(1.0))
             self._metric_keys = tuple(sorted(shapes))
@@ -182,6 +203,9 @@ class GRPOTrainStep:
             packed = self.pack(microbatches)
         n = self._scalar(max(int(num_tokens), 1))
         s = self._scalar(max(count_sequences(microbatches), 1))
+        return packed, n, s
+
+    def _accumulate_all(self, params, packed, n, s, proximal):
         grads = self._zeros(params)
         per_mb = []
         for i, mb in enumerate(packed):
@@ -265,8 +289,20 @@ class GRPOTrainStep:
                           packed=None):
         """One optimizer step on the given microbatches; (state with step unchanged, metrics)."""
         params = state.params
-        grads, per_mb = self.accumulate_gradients(params, microbatches, num_tokens, proximal, packed)
-        new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
+        if not microbatches:
+            raise ValueError("update: no microbatches")
+        packed, n, s = self._prepare(params, microbatches, num_tokens, packed)
+        if len(packed) > 1:
+            grads, per_mb = self._accumulate_all(params, packed, n, s, proximal)
+            new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
+        elif proximal is None:
+            new_params, opt_state, grad_norm, stats = self._accumulate_apply(
+                params, state.opt_state, self._zeros(params), packed[0], n, s)
+            per_mb = [stats]
+        else:
+            new_params, opt_state, grad_norm, stats = self._accumulate_apply_proximal(
+                params, state.opt_state, self._zeros(params), packed[0], n, s, proximal[0])
+            per_mb = [stats]
         hyper = optim.hyperparam_arrays(opt_state)
 
         per_mb, grad_norm, hyper = jax.device_get((per_mb, grad_norm, hyper))
@@ -293,15 +329,17 @@ class GRPOTrainStep:
         return optim.get_hyperparams(state.opt_state)
 
     def cache_sizes(self) -> dict[str, int]:
-        """Compiled-executable counts of the jitted functions (for no-recompilation checks)."""
-        accumulate = self._accumulate._cache_size()
-        if self._accumulate_proximal is not self._accumulate:
-            accumulate += self._accumulate_proximal._cache_size()
-        return {
+        """Compiled-executable counts of the jitted functions (for no-recompilation checks);
+        accumulate_apply (one-microbatch minibatches) only once it has run."""
+        def size(fn, twin):
+            return fn._cache_size() + (twin._cache_size() if twin is not fn else 0)
+        sizes = {
             "zeros": self._zeros._cache_size(),
-            "accumulate": accumulate,
+            "accumulate": size(self._accumulate, self._accumulate_proximal),
             "apply": self._apply._cache_size(),
         }
+        fused = size(self._accumulate_apply, self._accumulate_apply_proximal)
+        return {**sizes, "accumulate_apply": fused} if fused else sizes
 
 
 def master_copy(params):

@@ -156,8 +156,32 @@ def test_no_recompilation_across_batch_sizes_and_hyperparameters():
         np.testing.assert_allclose(metrics["learning_rate"], lr, rtol=1e-6)
         np.testing.assert_allclose(metrics["b1"], 0.9 - 0.05 * k, rtol=1e-6)
         assert np.isfinite(metrics["loss"])
-    assert step.cache_sizes() == {"zeros": 1, "accumulate": 1, "apply": 1}
+    # one microbatch (num_groups 1) runs accumulate and apply as one program, compiled once too
+    assert step.cache_sizes() == {"zeros": 1, "accumulate": 1, "apply": 1, "accumulate_apply": 1}
     assert isinstance(state, LearnerState) and state.step == 4
+
+
+@pytest.mark.parametrize("correction", ["coupled", "decoupled"])
+def test_one_microbatch_update_equals_accumulate_then_apply(correction):
+    """The fused program of a one-microbatch minibatch computes what the separate programs do."""
+    cfg = dataclasses.replace(_cfg(correction=correction), minibatches=2)
+    fused, separate = GRPOTrainStep(logits_fn, cfg), GRPOTrainStep(logits_fn, cfg)
+    params = init_params()
+    mbs, stats = build_microbatches(make_groups(2, seed=3), T, 4, PAD, cfg.grpo)  # 2 microbatches
+    state, metrics = fused.update(fused.init(params), mbs, stats["num_tokens"])  # 2 updates of 1 each
+    assert metrics["optimizer_updates"] == 2 and "accumulate_apply" in fused.cache_sizes()
+
+    ref = separate.init(params)
+    proximal = separate.proximal_logprobs(params, mbs) if correction == "decoupled" else None
+    for i, mb in enumerate(mbs):
+        n = int(np.asarray(mb.loss_mask).sum())
+        grads, _ = separate.accumulate_gradients(ref.params, [mb], n, None if proximal is None else [proximal[i]])
+        p, o, _ = separate._apply(ref.params, ref.opt_state, grads)
+        ref = ref._replace(params=p, opt_state=o)
+    assert "accumulate_apply" not in separate.cache_sizes()
+    for k in params:
+        np.testing.assert_allclose(np.asarray(state.params[k]), np.asarray(ref.params[k]), rtol=1e-5,
+                                   atol=1e-6, err_msg=k)
 
 
 @pytest.mark.parametrize("correction", ["decoupled", "coupled", "none"])
@@ -256,7 +280,7 @@ def test_with_the_real_model():
     state, m1 = step.update(state, mbs, n)
     state, m2 = step.update(step.set_hyperparams(state, lr=1e-3), mbs[:1], float(mbs[0].loss_mask.sum()))
     assert np.isfinite(m1["loss"]) and np.isfinite(m2["loss"]) and m2["learning_rate"] == pytest.approx(1e-3)
-    assert step.cache_sizes() == {"zeros": 1, "accumulate": 1, "apply": 1}
+    assert step.cache_sizes() == {"zeros": 1, "accumulate": 1, "apply": 1, "accumulate_apply": 1}  # mbs[:1]: fused
     assert jax.tree.structure(state.params) == jax.tree.structure(params)
 
 

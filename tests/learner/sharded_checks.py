@@ -83,7 +83,8 @@ def step_equivalence(algorithm: str, mesh: MeshConfig) -> None:
     for leaf, want in zip(jax.tree.leaves(s2.params), jax.tree.leaves(layout.params)):
         assert leaf.sharding == want, (leaf.sharding, want)
     schedule = [(4, None), (2, dict(lr=3e-3 * math.sqrt(0.5), b1=0.9 ** 0.5, b2=0.99 ** 0.5, eps=1e-8 / math.sqrt(0.5))),
-                (3, dict(lr=3e-3, b1=0.9, b2=0.99, eps=1e-8))]
+                (3, dict(lr=3e-3, b1=0.9, b2=0.99, eps=1e-8)),
+                (1, None)]  # one microbatch: GRPO's fused accumulate-and-apply program
     for k, (num_groups, hyper) in enumerate(schedule):
         if hyper:  # what the batch-size controller does between steps
             s1, s2 = single.set_hyperparams(s1, **hyper), sharded.set_hyperparams(s2, **hyper)

@@ -92,7 +92,7 @@ def test_layout_path_on_one_device_equals_the_plain_step():
         np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=1e-6, atol=1e-7)
     for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
-    assert sharded.cache_sizes() == {"zeros": 1, "accumulate": 1, "apply": 1}
+    assert sharded.cache_sizes() == {"zeros": 1, "accumulate": 1, "apply": 1, "accumulate_apply": 1}  # n=1: fused
     whole = sharding.gather(s2.params, layout, "bfloat16")
     assert {x.dtype for x in jax.tree.leaves(whole)} == {np.dtype(jax.numpy.bfloat16)}
 
