@@ -49,6 +49,8 @@ def _send_transport(endpoint, shape, n):
     for _ in range(n):
         t.put_bytes(codec.encode(group))
     t._sock.close(linger=-1)
+    import zmq
+    zmq.Context.instance().term()  # blocks until the queued messages are out: exiting first loses them
 
 
 def _send_dispatch(endpoint, shape, n):
