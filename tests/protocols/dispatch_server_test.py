@@ -5,7 +5,6 @@ import threading
 import time
 
 import msgspec
-import pytest
 import zmq
 
 from actors.prompt_stream import PromptStream
@@ -18,7 +17,7 @@ from protocols.dispatch_client import DispatcherClient
 from protocols.ledger import SampleLedger
 from protocols.messages import EngineTimings, RolloutGroup
 from protocols.transport import InProcessTransport
-from protocols.zmq_transport import stop_authenticator, write_keys
+from protocols.zmq_transport import write_keys
 
 G = 2
 
@@ -51,14 +50,6 @@ def answer(grant, i):
     return RolloutGroup(prompt_id=grant.prompt_ids[i], task="t", prompt_tokens=[1], completion_tokens=[[3]] * G,
                         behavior_logprobs=[[-1.0]] * G, rewards=[0.5] * G, policy_version=0, actor_id="c",
                         timings=t, grant_id=grant.grant_id)
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    stop_authenticator(c)
-    c.destroy(linger=0)
 
 
 def client(ctx, endpoint, name, **kw):

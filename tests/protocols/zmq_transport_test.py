@@ -15,17 +15,8 @@ from protocols.zmq_transport import (
     check_bind,
     client_socket,
     server_socket,
-    stop_authenticator,
     write_keys,
 )
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    stop_authenticator(c)
-    c.destroy(linger=0)
 
 
 @pytest.mark.parametrize("where", ["tcp", "ipc"])
