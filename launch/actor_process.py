@@ -56,13 +56,17 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
         if client.session and client.session != session:  # the learner restarted and took us back
             session = client.session
             log(f"{actor_id}: joined session {session} (the learner restarted)")
-        if client.stop_reason:  # the learner said so; the worker may be waiting on a learner that is gone
-            stop.set()  # (a weights fetch from a server that just closed), so it gets a short grace only
-            worker.join(5.0)
+        if client.stop_reason:  # the learner said so
             break
+    stop.set()
+    # The worker finishes its engine call (its groups still count) before the reward workers close
+    # under it; a short grace only, since it may wait on a learner that is gone (a weights fetch
+    # from a server that just closed never answers).
+    worker.join(5.0)
+    error = actor.error  # read before closing the reward workers: a step still scoring then fails
     actor.scorer.close()  # its reward workers
-    if actor.error is not None and not client.stop_reason:  # the worker already said Goodbye with the error
-        log(f"{actor_id}: failed: {type(actor.error).__name__}: {actor.error}")
+    if error is not None and not client.stop_reason:  # the worker already said Goodbye with the error
+        log(f"{actor_id}: failed: {type(error).__name__}: {error}")
         return EXIT_FAILED
     reason = client.stop_reason or "stopped"
     client.close(reason)
