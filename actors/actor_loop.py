@@ -143,6 +143,8 @@ class Actor:
                 self.weights.ensure(grant.version)
                 groups = self.step(prompts, grant)
                 client.generate_seconds = self.stats.generate_seconds
+                if groups:  # the weights version it generates with, for its heartbeats (version lag)
+                    client.version = max(g.policy_version for g in groups)
                 self._phase("sending")
                 if client.send_groups(groups, grant):
                     self.stats.groups += len(groups)

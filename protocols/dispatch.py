@@ -189,6 +189,7 @@ class Dispatcher:
         ids.discard(group.prompt_id)
         if not ids:
             del rec.grants[group.grant_id]
+        rec.version = max(rec.version, group.policy_version)  # fresher than its last heartbeat
         if group.policy_version > self.version_fn():  # weights from a timeline a resume rolled back
             self.counts["future_version"] += 1
             with self.ledger.lock:

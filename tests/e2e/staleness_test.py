@@ -23,3 +23,6 @@ def test_slow_learner_never_trains_on_samples_beyond_the_bound(eta, small_config
         assert max(m["staleness/max"] for m in steps) == eta
     # admission keeps samples fresh: the consumption-time filter has nothing to drop
     assert all(m["dropped_stale"] == 0 for m in steps)
+    # each actor reports the weights it generates with: its lag stays near the bound, not the step
+    lags = [steps[-1][f"actor/actor-{i}/version_lag"] for i in range(2)]
+    assert all(lag is not None and 0 <= lag <= eta + 2 for lag in lags), lags
