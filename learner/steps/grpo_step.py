@@ -295,13 +295,11 @@ class GRPOTrainStep:
         if len(packed) > 1:
             grads, per_mb = self._accumulate_all(params, packed, n, s, proximal)
             new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
-        elif proximal is None:
-            new_params, opt_state, grad_norm, stats = self._accumulate_apply(
-                params, state.opt_state, self._zeros(params), packed[0], n, s)
-            per_mb = [stats]
         else:
-            new_params, opt_state, grad_norm, stats = self._accumulate_apply_proximal(
-                params, state.opt_state, self._zeros(params), packed[0], n, s, proximal[0])
+            fused, extra = ((self._accumulate_apply, ()) if proximal is None
+                            else (self._accumulate_apply_proximal, (proximal[0],)))
+            new_params, opt_state, grad_norm, stats = fused(
+                params, state.opt_state, self._zeros(params), packed[0], n, s, *extra)
             per_mb = [stats]
         hyper = optim.hyperparam_arrays(opt_state)
 
