@@ -42,7 +42,8 @@ ENDPOINT_FILE = "endpoint.json"
 
 class Pipeline:
     def __init__(self, cfg, run_dir: str, task, stream, ledger: SampleLedger, gate: AdmissionGate,
-                 weights: InProcessWeights, engine, restored_groups, progress, config_dict: dict, scorer=None):
+                 weights: InProcessWeights, engine, restored_groups, progress, config_dict: dict, scorer=None,
+                 supervisor: ActorSupervisor | None = None):
         a = cfg.actors
         self.cfg, self.run_dir, self.progress = a, run_dir, progress
         self.weights, self.engine = weights, engine
@@ -90,10 +91,12 @@ class Pipeline:
             self.actors.append(Actor(actor_id, engine, task, client, weights, cfg.learner.group_size,
                                      a.prompts_per_call, a.seed, scorer=scorer))
             self._thread_ids.add(actor_id)
-        if a.processes:
-            self.supervisor = ActorSupervisor(a.processes, self.endpoint, run_dir, keys_dir=a.keys_dir,
-                                              backoff=a.restart_backoff_seconds, on_exit=self._process_exited,
-                                              message=progress.message)
+        if supervisor is not None:  # started early (start_actor_processes): they join at start()
+            self.supervisor = supervisor
+            supervisor.on_exit = self._process_exited
+        elif a.processes:
+            self.supervisor = start_actor_processes(cfg, run_dir, progress.message, endpoint=self.endpoint)
+            self.supervisor.on_exit = self._process_exited
 
     def _endpoints(self, listen: str) -> tuple[str, str]:
         """Where to listen: a resume keeps the ports it had, so actors outside reconnect."""
@@ -123,7 +126,10 @@ class Pipeline:
             t.start()
             self._threads.append(t)
         if self.supervisor is not None:
-            self.supervisor.start()
+            if self.supervisor.endpoint is None:
+                self.supervisor.connect(self.endpoint)
+            else:
+                self.supervisor.start()
         return self
 
     def _run_thread(self, actor: Actor) -> None:
@@ -231,6 +237,17 @@ class Pipeline:
 
     def _process_exited(self, actor_id: str, reason: str) -> None:
         self.server.call(lambda core: core.expel(actor_id, reason, error=True) or [])
+
+
+def start_actor_processes(cfg, run_dir: str, message, endpoint: str | None = None,
+                          config_dict: dict | None = None) -> ActorSupervisor:
+    """cfg.actors.processes actor processes. Without an endpoint they start now and prepare from
+    config_dict (model, engine, compiled generation) while the learner builds; Pipeline.start()
+    tells them where to connect. With one, Pipeline.start() starts them."""
+    a = cfg.actors
+    sup = ActorSupervisor(a.processes, endpoint, run_dir, keys_dir=a.keys_dir, backoff=a.restart_backoff_seconds,
+                          message=message, config=config_dict)
+    return sup.start() if endpoint is None else sup
 
 
 def _left(deadline: float) -> float:

@@ -6,6 +6,10 @@
     sup.kill("proc-1")          # e.g. the dispatcher found it hung: SIGKILL, then restarted
     sup.stop(timeout)           # SIGTERM (they leave cleanly, prompts go back), SIGKILL at the deadline
 
+Started before the learner's dispatcher exists (endpoint None, `config` given), the processes are
+`... actor --connect -`: they build their model and compile generation from the config while the
+learner builds, and join once `connect(endpoint)` hands them the endpoint on stdin.
+
 Each process is `python -m launch.cli actor --connect ENDPOINT --id proc-i`, its output in
 RUN_DIR/actors/proc-i.log. When one exits unasked, `on_exit(actor_id, reason)` is told at once
 (the dispatcher re-issues its prompts without waiting for the heartbeat timeout) and it is
@@ -14,6 +18,7 @@ started again after a backoff that doubles while processes keep dying soon after
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -37,9 +42,11 @@ class _Child:
 
 
 class ActorSupervisor:
-    def __init__(self, n: int, endpoint: str, run_dir: str, *, keys_dir: str = "", backoff: float = 1.0,
-                 on_exit: Callable[[str, str], None] | None = None, message: Callable[[str], None] = print):
+    def __init__(self, n: int, endpoint: str | None, run_dir: str, *, keys_dir: str = "", backoff: float = 1.0,
+                 on_exit: Callable[[str, str], None] | None = None, message: Callable[[str], None] = print,
+                 config: dict | None = None):
         self.endpoint, self.run_dir, self.keys_dir = endpoint, run_dir, keys_dir
+        self.config = config  # handed to processes started before the endpoint is known
         self.base_backoff = backoff
         self.on_exit = on_exit or (lambda actor_id, reason: None)
         self.message = message
@@ -51,7 +58,7 @@ class ActorSupervisor:
         self.log_dir = os.path.join(run_dir, "actors")
 
     def command(self, actor_id: str) -> list[str]:
-        cmd = [sys.executable, "-m", "launch.cli", "actor", "--connect", self.endpoint, "--id", actor_id]
+        cmd = [sys.executable, "-m", "launch.cli", "actor", "--connect", self.endpoint or "-", "--id", actor_id]
         return cmd + (["--keys", self.keys_dir] if self.keys_dir else [])
 
     def start(self) -> "ActorSupervisor":
@@ -67,10 +74,33 @@ class ActorSupervisor:
         # Lets `python -m launch.cli` find this checkout even when the package is not installed.
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+        early = self.endpoint is None  # the endpoint (and the config first) come on stdin
+        if c.proc is not None and c.proc.stdin is not None:
+            c.proc.stdin.close()  # the dead process's pipe
         c.proc = subprocess.Popen(self.command(c.actor_id), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.PIPE if early else subprocess.DEVNULL)
         log.close()  # the child holds its own descriptor
         c.started_at, c.restart_at = time.monotonic(), None
+        if early and self.config is not None:
+            self._tell(c, {"config": self.config})
+
+    def connect(self, endpoint: str) -> None:
+        """The dispatcher is up: processes waiting on stdin join it; restarts connect directly."""
+        with self._lock:
+            self.endpoint = endpoint
+            for c in self.children:
+                if c.proc is not None and c.proc.stdin is not None:
+                    self._tell(c, {"connect": endpoint})
+                    c.proc.stdin.close()
+                    c.proc.stdin = None
+
+    @staticmethod
+    def _tell(c: _Child, msg: dict) -> None:
+        try:
+            c.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+            c.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):  # it died: the watcher restarts it with the endpoint
+            pass
 
     def alive(self) -> int:
         return sum(1 for c in self.children if c.proc is not None and c.proc.poll() is None)

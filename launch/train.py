@@ -28,7 +28,7 @@ from launch.config import Config, seq_len as config_seq_len
 from launch.learner_group import LearnerProcesses  # [sharded learner]
 from launch.lifecycle import Lifecycle
 from launch.metrics import Progress
-from launch.pipeline import Pipeline
+from launch.pipeline import Pipeline, start_actor_processes
 from launch.policy import build_policy, export_policy, resolve_model_config
 from launch.sinks import open_sinks
 from launch.recorder import Recorder, arrays_of
@@ -115,66 +115,76 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     template = train_step.init(policy.params) if resuming else None
     begin = run_state.begin(cfg, run_dir, checkpointer, template and arrays_of(template), task, progress, resume,
                             resuming)
-    progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(policy.params):,} params | "
-                     f"batch {cfg.learner.batch_size} samples (G={G}) | max_staleness {cfg.actors.max_staleness}")
-    # One engine for actor threads and evaluation: jitted calls are thread-safe, and sharing it means
-    # the held-out eval runs the program the actors already compiled.
-    engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id, policy.tokenizer.pad_id)
-    heldout = task.heldout()
-    scorer = make_scorer(cfg.task, task, policy.tokenizer)  # rewards: worker pool, HTTP server or inline
-    evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=heldout,
-                                                       scorer=scorer))  # [sharded learner]
-    sft_metrics = {}
-    if begin.restored:
-        state = template._replace(**begin.arrays, step=begin.step0)
-        if cfg.run.resume_digest:  # proves a reshard onto another process count kept every bit
-            begin.summary["resumed_from"][-1].update(
-                params_sha256=artifacts.params_digest(procs.gather(state.params)),
-                learner_processes=procs.group.num_processes)
-    else:  # warm up first: PPO's reference policy and critic trunk start from the weights RL starts from
-        params, sft_metrics = supervised_warmup(cfg, logits_fn, policy.params, begin.stream, L,
-                                                policy.tokenizer.pad_id, progress, sft_step)  # [sharded learner]
-        begin.ledger.warmup(begin.stream.position)
-        state = train_step.init(params)
-    if wrap_train_step is not None:
-        train_step = wrap_train_step(train_step)
-    meta = begin.meta
-    batch_size = int(meta.get("batch_size", cfg.learner.batch_size))  # where the controller had moved B
-    gate = AdmissionGate(batch_size, cfg.actors.max_staleness)
-    gate.steps_taken, gate.issued = begin.step0, G * len(begin.ledger.queued)
-    actor_engine = engine if cfg.actors.engine == "jax" else _sglang_engine(cfg, policy, run_dir, procs.fetch)
-    # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
-    publish = procs.publisher(whole=cfg.actors.engine == "jax" or cfg.actors.processes > 0)
-    pipe = Pipeline(cfg, run_dir, task, begin.stream, begin.ledger, gate,
-                    InProcessWeights(publish(state.params), begin.step0),
-                    actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), scorer)
-    controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
-    if begin.restored and controller is not None and meta.get("controller") is not None:
-        controller.load_state_dict(meta["controller"])
-    loop = LearnerLoop(train_step, pipe.queue, gate, pipe,
-                       LoopSettings(cfg.learner.batch_size, G, cfg.learner.microbatch_size, L,
-                                    policy.tokenizer.pad_id, cfg.learner.grpo),
-                       health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
-                       ledger=begin.ledger, publish=publish)  # [sharded learner]
-    loop.group_filter = make_group_filter(cfg.learner)  # dynamic sampling (None when off)
-    loop.batch_size = batch_size
-    if begin.restored:
-        loop.samples, loop.dropped = meta["samples"], dict(meta["dropped"])
-        if meta.get("concurrency"):
-            pipe.set_concurrency(meta["concurrency"])
-    summary, clock = begin.summary, begin.clock
-    # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/sinks.py)
-    sinks = open_sinks(cfg.run, run_dir, to_dict(cfg), resumed=begin.restored, step0=begin.step0)
-    if not begin.restored:
-        record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics, **evaluate_params(state.params)}
-        sinks.write(record0)
-        before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
-            ("reward", record0["eval/reward"])
-        progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
-    loop.enrich = _enrich(cfg, pipe, loop, actor_engine, clock, begin)
-    snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock)
-    recorder = Recorder(cfg.run, sinks, progress, evaluate_params, checkpointer, summary, clock, snapshot,
-                        samples0=loop.samples)
+    # Actor processes start now and build their model and engine while the learner warms up and
+    # builds its own (they join the dispatcher at pipe.start()); stopped here if the learner fails first.
+    early = start_actor_processes(cfg, run_dir, progress.message, config_dict=to_dict(cfg)) \
+        if cfg.actors.processes else None
+    try:
+        progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(policy.params):,} params | "
+                         f"batch {cfg.learner.batch_size} samples (G={G}) | max_staleness {cfg.actors.max_staleness}")
+        # One engine for actor threads and evaluation: jitted calls are thread-safe, and sharing it means
+        # the held-out eval runs the program the actors already compiled.
+        engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id, policy.tokenizer.pad_id)
+        heldout = task.heldout()
+        scorer = make_scorer(cfg.task, task, policy.tokenizer)  # rewards: worker pool, HTTP server or inline
+        evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=heldout,
+                                                           scorer=scorer))  # [sharded learner]
+        sft_metrics = {}
+        if begin.restored:
+            state = template._replace(**begin.arrays, step=begin.step0)
+            if cfg.run.resume_digest:  # proves a reshard onto another process count kept every bit
+                begin.summary["resumed_from"][-1].update(
+                    params_sha256=artifacts.params_digest(procs.gather(state.params)),
+                    learner_processes=procs.group.num_processes)
+        else:  # warm up first: PPO's reference policy and critic trunk start from the weights RL starts from
+            params, sft_metrics = supervised_warmup(cfg, logits_fn, policy.params, begin.stream, L,
+                                                    policy.tokenizer.pad_id, progress, sft_step)  # [sharded learner]
+            begin.ledger.warmup(begin.stream.position)
+            state = train_step.init(params)
+        if wrap_train_step is not None:
+            train_step = wrap_train_step(train_step)
+        meta = begin.meta
+        batch_size = int(meta.get("batch_size", cfg.learner.batch_size))  # where the controller had moved B
+        gate = AdmissionGate(batch_size, cfg.actors.max_staleness)
+        gate.steps_taken, gate.issued = begin.step0, G * len(begin.ledger.queued)
+        actor_engine = engine if cfg.actors.engine == "jax" else _sglang_engine(cfg, policy, run_dir, procs.fetch)
+        # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
+        publish = procs.publisher(whole=cfg.actors.engine == "jax" or cfg.actors.processes > 0)
+        pipe = Pipeline(cfg, run_dir, task, begin.stream, begin.ledger, gate,
+                        InProcessWeights(publish(state.params), begin.step0),
+                        actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), scorer,
+                        supervisor=early)
+        controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
+        if begin.restored and controller is not None and meta.get("controller") is not None:
+            controller.load_state_dict(meta["controller"])
+        loop = LearnerLoop(train_step, pipe.queue, gate, pipe,
+                           LoopSettings(cfg.learner.batch_size, G, cfg.learner.microbatch_size, L,
+                                        policy.tokenizer.pad_id, cfg.learner.grpo),
+                           health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
+                           ledger=begin.ledger, publish=publish)  # [sharded learner]
+        loop.group_filter = make_group_filter(cfg.learner)  # dynamic sampling (None when off)
+        loop.batch_size = batch_size
+        if begin.restored:
+            loop.samples, loop.dropped = meta["samples"], dict(meta["dropped"])
+            if meta.get("concurrency"):
+                pipe.set_concurrency(meta["concurrency"])
+        summary, clock = begin.summary, begin.clock
+        # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/sinks.py)
+        sinks = open_sinks(cfg.run, run_dir, to_dict(cfg), resumed=begin.restored, step0=begin.step0)
+        if not begin.restored:
+            record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics, **evaluate_params(state.params)}
+            sinks.write(record0)
+            before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
+                ("reward", record0["eval/reward"])
+            progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
+        loop.enrich = _enrich(cfg, pipe, loop, actor_engine, clock, begin)
+        snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock)
+        recorder = Recorder(cfg.run, sinks, progress, evaluate_params, checkpointer, summary, clock, snapshot,
+                            samples0=loop.samples)
+    except BaseException:
+        if early is not None:
+            early.stop(5.0)
+        raise
     preempted = False
     with Lifecycle(cfg.checkpoint.signal_timeout_seconds, on_stop=[pipe.abort], message=progress.message) as life:
         pipe.start()
