@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -18,6 +17,7 @@ from launch.metrics import read_metrics
 from launch.prometheus import GAUGES
 from launch.sinks import scalars
 from tests.sink_readers import read_offline_run, tensorboard_scalars
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -36,18 +36,6 @@ def cadence(*args, env=None, log=None, wait=True, timeout=600):
     if not wait:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-
-
-def wait_for(cond, timeout=300.0, proc=None, what=""):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        value = cond()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the run exited ({proc.returncode}) before {what}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def last_step(run) -> int:

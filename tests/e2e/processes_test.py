@@ -14,6 +14,7 @@ import time
 import pytest
 
 from launch.metrics import read_metrics
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,18 +34,6 @@ def cli(*args, wait=False):
 def rows(run_dir):
     path = os.path.join(run_dir, "metrics.jsonl")
     return read_metrics(run_dir) if os.path.exists(path) else []
-
-
-def wait_until(cond, proc=None, timeout=300, what=""):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process ended while waiting for {what}: {proc.communicate()}")
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise TimeoutError(what)
 
 
 def step_at_least(run_dir, n):
@@ -84,16 +73,16 @@ def free_port() -> int:
 def test_kill9_of_an_actor_process_and_an_actor_joining_and_leaving_lose_nothing(tmp_path):
     run = str(tmp_path / "run")
     learner = cli("train", *BASE, f"run.dir={run}", "run.steps=150", "actors.processes=2")
-    wait_until(step_at_least(run, 10), learner, what="step 10")
-    pids = wait_until(lambda: (p := actor_pids(learner.pid)) and len(p) == 2 and p, learner, what="2 actors")
+    wait_for(step_at_least(run, 10), proc=learner, what="step 10")
+    pids = wait_for(lambda: (p := actor_pids(learner.pid)) and len(p) == 2 and p, proc=learner, what="2 actors")
     os.kill(pids["proc-0"], signal.SIGKILL)  # mid-run, probably mid-generation
-    wait_until(lambda: actor_pids(learner.pid).get("proc-0") not in (None, pids["proc-0"]), learner,
+    wait_for(lambda: actor_pids(learner.pid).get("proc-0") not in (None, pids["proc-0"]), proc=learner,
                what="proc-0 restarted")
     with open(os.path.join(run, "endpoint.json")) as f:
         endpoint = json.load(f)["dispatch"]
     extra = cli("actor", "--connect", endpoint, "--id", "extra")
-    wait_until(lambda: any(m.get("actors/alive") == 3 for m in rows(run)), learner, what="3 actors alive")
-    wait_until(lambda: any(m.get("actor/extra/samples_per_second", 0) > 0 for m in rows(run)), learner,
+    wait_for(lambda: any(m.get("actors/alive") == 3 for m in rows(run)), proc=learner, what="3 actors alive")
+    wait_for(lambda: any(m.get("actor/extra/samples_per_second", 0) > 0 for m in rows(run)), proc=learner,
                what="the joining actor contributes")
     extra.send_signal(signal.SIGTERM)
     _, err = extra.communicate(timeout=60)
@@ -113,10 +102,10 @@ def test_kill9_of_an_actor_process_and_an_actor_joining_and_leaving_lose_nothing
 def test_a_frozen_actor_is_declared_gone_and_its_prompts_reissued(tmp_path):
     run = str(tmp_path / "run")
     learner = cli("train", *BASE, f"run.dir={run}", "run.steps=80", "actors.processes=2")
-    wait_until(step_at_least(run, 5), learner, what="step 5")
-    pids = wait_until(lambda: (p := actor_pids(learner.pid)) and len(p) == 2 and p, learner, what="2 actors")
+    wait_for(step_at_least(run, 5), proc=learner, what="step 5")
+    pids = wait_for(lambda: (p := actor_pids(learner.pid)) and len(p) == 2 and p, proc=learner, what="2 actors")
     os.kill(pids["proc-1"], signal.SIGSTOP)  # alive but silent: no heartbeats
-    wait_until(lambda: any(m.get("actors/gone", 0) >= 1 for m in rows(run)), learner, timeout=120,
+    wait_for(lambda: any(m.get("actors/gone", 0) >= 1 for m in rows(run)), proc=learner, timeout=120,
                what="proc-1 declared gone")
     os.kill(pids["proc-1"], signal.SIGCONT)  # it wakes up, is told it is unknown, and rejoins
     summary = finish(learner)
@@ -132,7 +121,7 @@ def test_learner_sigterm_and_resume_while_actors_outside_stay_up(tmp_path):
               "checkpoint.every_steps=10"]
     learner = cli("train", *common)
     actors = [cli("actor", "--connect", f"tcp://127.0.0.1:{port}", "--id", f"outside-{i}") for i in range(2)]
-    wait_until(step_at_least(run, 25), learner, what="step 25")
+    wait_for(step_at_least(run, 25), proc=learner, what="step 25")
     learner.send_signal(signal.SIGTERM)
     _, err = learner.communicate(timeout=120)
     assert learner.returncode == 0, err
@@ -158,3 +147,7 @@ def test_two_actor_processes_learn_sort6(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["target_reached_at"] is not None, summary
+    # Started while the learner built: each process prepared its model and engine before joining.
+    for i in range(2):
+        log = open(os.path.join(run, "actors", f"proc-{i}.log")).read()
+        assert "model and engine were prepared before joining" in log, log

@@ -19,6 +19,7 @@ import pytest
 
 from launch import ray_status
 from launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, enter_private_network, listening_sockets
+from tests import waiting
 
 pytestmark = pytest.mark.ray
 
@@ -90,15 +91,7 @@ def status(run_dir) -> dict:
 
 
 def wait_for(pred, timeout, what, proc=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the launch exited with {proc.returncode} while waiting for {what}")
-        time.sleep(1.0)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return waiting.wait_for(pred, timeout, what, proc, interval=1.0)  # status reads are slow: poll gently
 
 
 def node_ids(st) -> dict:
