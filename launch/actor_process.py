@@ -123,22 +123,24 @@ def prepare(config: dict, warm: bool = False) -> Parts:
     from actors.tasks.registry import make_task
     from launch import compile_cache, config_loader
     from launch.config import Config
-    from launch.policy import build_policy
+    from launch.policy import policy_skeleton
 
     cfg = config_loader.merge(Config(), config)
     config_loader.validate_tree(cfg)
     compile_cache.enable(cfg.run.jax_cache)  # this host's cache: a restarted actor loads its programs
-    policy = build_policy(cfg)  # the model's shape and tokenizer; its weights come from the learner
+    policy = policy_skeleton(cfg)  # shapes and tokenizer; the weights come from the learner
     task = make_task(cfg.task, policy.tokenizer)
     engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id,
                        policy.tokenizer.pad_id)
-    if warm:  # one call of the shape the actor loop makes: the programs it needs get compiled now
+    if warm:  # one call as the actor loop makes it (zero weights): its programs get compiled now
         import jax
+        import numpy as np
 
         from actors.episodes import generate_rollouts
 
+        zeros = jax.device_put(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), policy.params))
         rows = [task.prompt(i) for i in range(cfg.actors.prompts_per_call) for _ in range(cfg.learner.group_size)]
-        generate_rollouts(engine, policy.params, task, rows, jax.random.key(0))
+        generate_rollouts(engine, zeros, task, rows, jax.random.fold_in(jax.random.key(cfg.actors.seed), 0))
     return Parts(config, cfg, policy, task, engine, make_scorer(cfg.task, task, policy.tokenizer))
 
 

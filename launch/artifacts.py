@@ -25,14 +25,21 @@ def prepare_run_dir(cfg, run_dir: str, overwrite: bool = False) -> str:
     overwrite: allowed only for a run that never reached its first checkpoint (resume=auto)."""
     run_dir = os.path.abspath(run_dir)
     metrics = os.path.join(run_dir, "metrics.jsonl")
+    check_fresh(run_dir, overwrite)
     if os.path.exists(metrics):
-        if not overwrite:
-            raise FileExistsError(f"run directory {run_dir} already holds a run (metrics.jsonl); "
-                                  "resume it with --resume or choose another run.dir")
         os.remove(metrics)
     os.makedirs(run_dir, exist_ok=True)
     write_config(cfg, run_dir)
     return run_dir
+
+
+def check_fresh(run_dir: str, overwrite: bool = False) -> None:
+    """Raises FileExistsError if run_dir holds a run that a new one would overwrite.
+
+    overwrite: allowed only for a run that never reached its first checkpoint (resume=auto)."""
+    if not overwrite and os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+        raise FileExistsError(f"run directory {os.path.abspath(run_dir)} already holds a run (metrics.jsonl); "
+                              "resume it with --resume or choose another run.dir")
 
 
 def write_config(cfg, run_dir: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from learner.models.char_tokenizer import CharTokenizer
 from learner.models.config import ModelConfig
-from learner.models.llama import init_params
+from learner.models.llama import abstract_params, init_params
 
 
 @dataclasses.dataclass
@@ -56,6 +56,15 @@ def build_policy(cfg, layout=None) -> Policy:
         return Policy(model_cfg, graphdef, params, load_tokenizer(model_cfg))
     graphdef, params = init_params(cfg.model, cfg.learner.seed, None if layout is None else layout.params)
     return Policy(cfg.model, graphdef, params, CharTokenizer())
+
+
+def policy_skeleton(cfg) -> Policy:
+    """The policy without its weights: architecture, tokenizer, and params whose leaves are
+    jax.ShapeDtypeStruct. What an actor process needs (its weights come from the learner): no
+    random init to compile, no checkpoint to read."""
+    model_cfg = resolve_model_config(cfg.model)
+    graphdef, params = abstract_params(model_cfg)
+    return Policy(model_cfg, graphdef, params, load_tokenizer(model_cfg))
 
 
 def export_policy(policy: Policy, params, out_dir: str, **kwargs) -> list[str]:

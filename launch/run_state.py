@@ -91,6 +91,8 @@ def locate(cfg, run_dir: str | None, resume: str) -> tuple[str, bool]:
     resuming = resume in ("yes", "auto") and has_ckpt
     if resuming:
         check_compatible(run_dir, saved_config(run_dir), to_dict(cfg))
+    else:  # before anything writes there (actor processes start right after this)
+        artifacts.check_fresh(run_dir, overwrite=resume == "auto")
     return run_dir, resuming
 
 

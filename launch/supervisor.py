@@ -75,8 +75,8 @@ class ActorSupervisor:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
         early = self.endpoint is None  # the endpoint (and the config first) come on stdin
-        if c.proc is not None and c.proc.stdin is not None:
-            c.proc.stdin.close()  # the dead process's pipe
+        if c.proc is not None:
+            _close(c.proc)  # the dead process's pipe
         c.proc = subprocess.Popen(self.command(c.actor_id), stdout=log, stderr=subprocess.STDOUT, env=env,
                                   stdin=subprocess.PIPE if early else subprocess.DEVNULL)
         log.close()  # the child holds its own descriptor
@@ -91,8 +91,7 @@ class ActorSupervisor:
             for c in self.children:
                 if c.proc is not None and c.proc.stdin is not None:
                     self._tell(c, {"connect": endpoint})
-                    c.proc.stdin.close()
-                    c.proc.stdin = None
+                    _close(c.proc)
 
     @staticmethod
     def _tell(c: _Child, msg: dict) -> None:
@@ -155,6 +154,16 @@ class ActorSupervisor:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def _close(proc: subprocess.Popen) -> None:
+    """Close a child's stdin pipe; a child that died leaves unflushed bytes behind (BrokenPipeError)."""
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        proc.stdin = None
 
 
 def _describe(code: int) -> str:

@@ -100,26 +100,26 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     procs = LearnerProcesses.start(cfg, resolve_model_config(cfg.model))  # [sharded learner] before any JAX work
     run_dir, resuming = run_state.locate(cfg, run_dir, resume)
     progress = Progress(cfg.run.progress)
-    policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
-    task = make_task(cfg.task, policy.tokenizer)
-    L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
-    train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]
-                                 completion_budget=cfg.engine.max_new_tokens)
-    checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
-    # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
-    logits_fn = functools.partial(forward, policy.graphdef, remat=cfg.learner.remat)
-    sft_step = SFTStep(logits_fn, cfg.learner.sft, procs.layout)
-    if not procs.group.is_leader:
-        return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params)
-    train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)
-    template = train_step.init(policy.params) if resuming else None
-    begin = run_state.begin(cfg, run_dir, checkpointer, template and arrays_of(template), task, progress, resume,
-                            resuming)
-    # Actor processes start now and build their model and engine while the learner warms up and
-    # builds its own (they join the dispatcher at pipe.start()); stopped here if the learner fails first.
+    # Actor processes start now and build their model and engine while the learner builds its own
+    # and warms up (they join the dispatcher at pipe.start()); stopped here if the learner fails first.
     early = start_actor_processes(cfg, run_dir, progress.message, config_dict=to_dict(cfg)) \
-        if cfg.actors.processes else None
+        if cfg.actors.processes and procs.group.is_leader else None
     try:
+        policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
+        task = make_task(cfg.task, policy.tokenizer)
+        L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
+        train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]
+                                     completion_budget=cfg.engine.max_new_tokens)
+        checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
+        # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
+        logits_fn = functools.partial(forward, policy.graphdef, remat=cfg.learner.remat)
+        sft_step = SFTStep(logits_fn, cfg.learner.sft, procs.layout)
+        if not procs.group.is_leader:
+            return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params)
+        train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)
+        template = train_step.init(policy.params) if resuming else None
+        begin = run_state.begin(cfg, run_dir, checkpointer, template and arrays_of(template), task, progress, resume,
+                                resuming)
         progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(policy.params):,} params | "
                          f"batch {cfg.learner.batch_size} samples (G={G}) | max_staleness {cfg.actors.max_staleness}")
         # One engine for actor threads and evaluation: jitted calls are thread-safe, and sharing it means

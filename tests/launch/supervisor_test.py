@@ -92,3 +92,20 @@ def test_the_config_a_process_prepares_with_equals_the_welcome_config():
                                     heartbeat_seconds=1.0, concurrency=1)))
     assert via_stdin == welcome.config
     assert msgspec.json.decode(msgspec.json.encode(config)) == welcome.config
+
+
+def test_connect_survives_a_child_that_died_before_the_endpoint(tmp_path):
+    """A process that died while preparing (its stdin pipe broken) must not break connect(): the
+    learner goes on, and the restart connects with the endpoint on its command line."""
+    record = tmp_path / "record.jsonl"
+    sup = _Recording(record, 1, None, str(tmp_path), backoff=2.0, config={"die": 1}, message=lambda m: None)
+    sup.start()
+    try:
+        _lines(record, 2)
+        first = sup.children[0].proc
+        first.wait(timeout=20)
+        sup.connect("tcp://127.0.0.1:5555")  # raised BrokenPipeError before
+        rows = _until(record, lambda rows: rows[-1].get("argv", [None, None])[1] == "tcp://127.0.0.1:5555")
+        assert rows[-1] == {"argv": ["--connect", "tcp://127.0.0.1:5555", "--id", "proc-0"]}
+    finally:
+        sup.stop(5.0)
