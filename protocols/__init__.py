@@ -10,6 +10,7 @@ from protocols.errors import (
     SchemaVersionMismatch,
 )
 from protocols.messages import Control, EngineTimings, Message, RolloutGroup, WeightsPublished
+from protocols.ragged import Ragged
 from protocols.receiver import Receiver
 from protocols.transport import (
     BytesTransport,
@@ -33,6 +34,7 @@ __all__ = [
     "Message",
     "MessageTooLarge",
     "ProtocolError",
+    "Ragged",
     "Receiver",
     "RolloutGroup",
     "SchemaVersionMismatch",
