@@ -124,10 +124,15 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
             raise InvalidMessage(f"{name}.policy_version: must be >= 0, got {self.policy_version}")
         if self.prompt_tokens and min(self.prompt_tokens) < 0:
             raise InvalidMessage(f"{name}.prompt_tokens: token ids must be >= 0")
+        tokens = self.completion_tokens
         ragged = {f: v for f in RAGGED_FIELDS if (v := getattr(self, f)) is not None}
         for field, value in ragged.items():
-            _check_packing(name, field, value, RAGGED_FIELDS[field])
-        tokens = self.completion_tokens
+            if value.dtype != RAGGED_FIELDS[field]:
+                raise InvalidMessage(f"{name}.{field}: dtype must be {RAGGED_FIELDS[field]}, got {value.dtype!r}")
+            if len(value.row_lengths) % 4:
+                raise InvalidMessage(f"{name}.{field}: row_lengths holds {len(value.row_lengths)} bytes, "
+                                     f"not a whole number of int32")
+        total = _check_row_lengths(name, "completion_tokens", tokens)
         group_size = len(tokens)
         if group_size < 1:
             raise InvalidMessage(f"{name}.completion_tokens: a group needs at least 1 completion")
@@ -147,11 +152,15 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
                 )
         what = {"behavior_logprobs": "logprobs", "policy_mask": "entries", "kept_logmass": "values"}
         for field, value in ragged.items():
-            if field != "completion_tokens" and value.row_lengths != tokens.row_lengths:  # bytes compare
+            if field == "completion_tokens":
+                continue
+            if value.row_lengths != tokens.row_lengths:  # a bytes compare: the same lengths, same total
+                _check_row_lengths(name, field, value)
                 have, want = value.lengths, tokens.lengths
                 i = int(np.flatnonzero(have != want)[0])
                 raise InvalidMessage(f"{name}.{field}[{i}]: has {have[i]} {what[field]} for "
                                      f"{want[i]} tokens in completion_tokens[{i}]")
+            _check_data_size(name, field, value, total)
         ids = tokens.values
         if ids.size and ids.min() < 0:
             i, _ = _row_of(tokens, int(np.argmax(ids < 0)))
@@ -169,18 +178,20 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
             raise InvalidMessage(f"{name}.rewards[{i}]: must be finite, got {self.rewards[i]}")
 
 
-def _check_packing(name: str, field: str, value: Ragged, dtype: str) -> None:
-    """The Ragged's own consistency: its dtype, and row lengths that are >= 0 and fill its data."""
-    if value.dtype != dtype:
-        raise InvalidMessage(f"{name}.{field}: dtype must be {dtype}, got {value.dtype!r}")
-    if len(value.row_lengths) % 4:
-        raise InvalidMessage(f"{name}.{field}: row_lengths holds {len(value.row_lengths)} bytes, "
-                             f"not a whole number of int32")
-    lengths = value.lengths
-    if lengths.size and lengths.min() < 0:
-        raise InvalidMessage(f"{name}.{field}[{int(np.argmax(lengths < 0))}]: negative row length")
-    itemsize = DTYPES[dtype].itemsize
-    total = int(lengths.sum(dtype=np.int64))
+def _check_row_lengths(name: str, field: str, value: Ragged) -> int:
+    """Row lengths >= 0 that fill the field's data; returns their sum. (Python on the G lengths:
+    cheaper than NumPy calls for the handful of completions a group holds.)"""
+    lengths = value.lengths.tolist()
+    if lengths and min(lengths) < 0:
+        raise InvalidMessage(f"{name}.{field}[{next(i for i, n in enumerate(lengths) if n < 0)}]: "
+                             f"negative row length")
+    total = sum(lengths)
+    _check_data_size(name, field, value, total)
+    return total
+
+
+def _check_data_size(name: str, field: str, value: Ragged, total: int) -> None:
+    itemsize = DTYPES[value.dtype].itemsize
     if total * itemsize != len(value.data):
         raise InvalidMessage(f"{name}.{field}: row lengths sum to {total} values but data holds "
                              f"{len(value.data) / itemsize:g}")
