@@ -66,6 +66,7 @@ class DispatcherClient:
         self._closing = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        self._wake_pending = False  # a byte is in the wake pipe: one write per I/O-thread round
         self._thread = threading.Thread(target=self._run, name=f"{actor_id}-io", daemon=True)
         self._last_heard = 0.0
         self._linger_ms = 0
@@ -152,8 +153,9 @@ class DispatcherClient:
         self._wake()
 
     def _wake(self) -> None:
-        if self._wake_w < 0:
+        if self._wake_w < 0 or self._wake_pending:  # the I/O thread has not read the last one yet
             return
+        self._wake_pending = True
         try:
             os.write(self._wake_w, b"w")
         except (BlockingIOError, OSError):
@@ -209,6 +211,7 @@ class DispatcherClient:
                 return
             events = dict(poller.poll(timeout=max(1, int((next_beat - time.monotonic()) * 1000))))
             if events.get(self._wake_r):
+                self._wake_pending = False  # before reading: a wake after this point writes again
                 os.read(self._wake_r, 4096)
             if events.get(self._sock):
                 self._receive()

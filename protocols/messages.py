@@ -61,6 +61,11 @@ RAGGED_FIELDS = {"completion_tokens": "int32", "behavior_logprobs": "float32", "
                  "kept_logmass": "float32"}
 
 
+_RAGGED_NAMES = tuple(RAGGED_FIELDS)  # completion_tokens first
+_PER_COMPLETION = ("behavior_logprobs", "rewards", "exact_match", "policy_mask", "reward_errors", "kept_logmass")
+_WHAT = {"behavior_logprobs": "logprobs", "policy_mask": "entries", "kept_logmass": "values"}  # per token
+
+
 class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
     """One prompt's G sampled completions with their behavior logprobs and rewards.
 
@@ -125,8 +130,8 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
         if self.prompt_tokens and min(self.prompt_tokens) < 0:
             raise InvalidMessage(f"{name}.prompt_tokens: token ids must be >= 0")
         tokens = self.completion_tokens
-        ragged = {f: v for f in RAGGED_FIELDS if (v := getattr(self, f)) is not None}
-        for field, value in ragged.items():
+        ragged = [(f, v) for f in _RAGGED_NAMES if (v := getattr(self, f)) is not None]
+        for field, value in ragged:
             if value.dtype != RAGGED_FIELDS[field]:
                 raise InvalidMessage(f"{name}.{field}: dtype must be {RAGGED_FIELDS[field]}, got {value.dtype!r}")
             if len(value.row_lengths) % 4:
@@ -136,31 +141,26 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
         group_size = len(tokens)
         if group_size < 1:
             raise InvalidMessage(f"{name}.completion_tokens: a group needs at least 1 completion")
-        per_completion = {"behavior_logprobs": self.behavior_logprobs, "rewards": self.rewards}
-        for field in ("exact_match", "policy_mask", "reward_errors", "kept_logmass"):
-            if getattr(self, field) is not None:
-                per_completion[field] = getattr(self, field)
+        per_completion = [(f, v) for f in _PER_COMPLETION if (v := getattr(self, f)) is not None]
         for key, values in (self.task_metrics or {}).items():
-            per_completion[f"task_metrics[{key!r}]"] = values
+            per_completion.append((f"task_metrics[{key!r}]", values))
             if not math.isfinite(sum(values)):
                 raise InvalidMessage(f"{name}.task_metrics[{key!r}]: values must be finite")
-        for field, values in per_completion.items():
+        for field, values in per_completion:
             if len(values) != group_size:
                 raise InvalidMessage(
                     f"{name}.{field}: has {len(values)} entries for {group_size} completions "
                     f"in completion_tokens"
                 )
-        what = {"behavior_logprobs": "logprobs", "policy_mask": "entries", "kept_logmass": "values"}
-        for field, value in ragged.items():
-            if field == "completion_tokens":
-                continue
+        for field, value in ragged[1:]:  # the fields after completion_tokens
             if value.row_lengths != tokens.row_lengths:  # a bytes compare: the same lengths, same total
                 _check_row_lengths(name, field, value)
                 have, want = value.lengths, tokens.lengths
                 i = int(np.flatnonzero(have != want)[0])
-                raise InvalidMessage(f"{name}.{field}[{i}]: has {have[i]} {what[field]} for "
+                raise InvalidMessage(f"{name}.{field}[{i}]: has {have[i]} {_WHAT[field]} for "
                                      f"{want[i]} tokens in completion_tokens[{i}]")
-            _check_data_size(name, field, value, total)
+            if total * DTYPES[value.dtype].itemsize != len(value.data):
+                _check_data_size(name, field, value, total)
         ids = tokens.values
         if ids.size and ids.min() < 0:
             i, _ = _row_of(tokens, int(np.argmax(ids < 0)))
@@ -200,7 +200,7 @@ def _check_data_size(name: str, field: str, value: Ragged, total: int) -> None:
 def _check_finite(name: str, field: str, value: Ragged, at_token: bool) -> None:
     values = value.values
     # One reduction: NaN or inf anywhere makes the sum non-finite (a finite overflow is rechecked).
-    if math.isfinite(values.sum(dtype=np.float64)) or np.isfinite(values).all():
+    if math.isfinite(values.sum()) or np.isfinite(values).all():
         return
     i, j = _row_of(value, int(np.argmax(~np.isfinite(values))))
     where = f"[{i}][{j}]" if at_token else f"[{i}]"

@@ -77,6 +77,26 @@ def test_threads_and_processes_speak_the_same_protocol(ctx):
     learner.server.stop()
 
 
+
+def test_big_and_small_groups_alternate_intact_over_tcp(ctx):
+    # Big messages are read in place (ZeroMQ's frame), small ones copied: the switch must not
+    # mix up or lose any group.
+    learner = Learner(ctx)
+    stop = threading.Event()
+    c = client(ctx, learner.server.endpoint, "remote")
+    assert c.wait_welcome(5) is not None
+    grant = c.request(4, stop, timeout=5)
+    assert grant is not None and len(grant.prompt_ids) == 4
+    sent = []
+    for i, n in enumerate((20_000, 1, 20_000, 20_000)):  # 20k tokens: ~160 KB, over the 64 KiB switch
+        g = answer(grant, i)
+        sent.append(msgspec.structs.replace(g, completion_tokens=[[3] * n] * G, behavior_logprobs=[[-1.0] * n] * G))
+    assert c.send_groups(sent, grant)
+    got = [learner.queue.get(timeout=5) for _ in sent]
+    assert got == sent
+    c.close()
+    learner.server.stop()
+
 def test_bad_bytes_are_counted_and_dropped_and_the_server_keeps_serving(ctx):
     learner = Learner(ctx, max_bytes=4096)
     raw = ctx.socket(zmq.DEALER)
