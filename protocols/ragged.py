@@ -1,5 +1,6 @@
-"""Ragged: G rows of different lengths in one flat little-endian buffer (the per-token fields of a
-RolloutGroup: completion ids, behavior logprobs, policy mask, kept log-mass).
+"""Packed arrays for messages. Ragged: G rows of different lengths in one flat little-endian buffer
+(the per-token fields of a RolloutGroup: completion ids, behavior logprobs, policy mask, kept
+log-mass); Packed: one 1-D array (its prompt ids).
 
     r = Ragged.pack([[5, 6, 7], [8]], "int32")   # from lists (or 1-D arrays) of rows
     r.values          # int32 [4]: 5 6 7 8 (read-only view of the buffer, no copy)
@@ -93,3 +94,49 @@ class Ragged(msgspec.Struct, frozen=True, array_like=True):
         """The rows as Python lists (tests, logs; hot paths use values / lengths)."""
         values, offsets = self.values.tolist(), self.offsets.tolist()
         return [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+class Packed(msgspec.Struct, frozen=True, array_like=True):
+    """A 1-D array of one dtype in one little-endian buffer (a RolloutGroup's prompt ids): on the
+    wire [dtype, data]; `values` is a read-only NumPy view, and np.asarray(packed) works."""
+
+    dtype: str  # element type: "int32", "float32" or "bool"
+    data: bytes  # the elements, little-endian
+
+    @classmethod
+    def pack(cls, values: Sequence[Any] | Packed, dtype: str) -> Packed:
+        """Packs a list, tuple or 1-D array as `dtype`; a Packed of that dtype is returned as is.
+
+        Raises:
+          ValueError: unknown dtype, or a value that `dtype` cannot hold.
+        """
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if isinstance(values, Packed):
+            return values if values.dtype == dtype else cls.pack(values.values, dtype)
+        try:
+            array = (values.reshape(-1) if isinstance(values, np.ndarray)
+                     else np.fromiter(values, DTYPES[dtype], len(values))).astype(DTYPES[dtype])
+        except (OverflowError, TypeError, ValueError) as e:
+            raise ValueError(f"cannot pack values as {dtype}: {e}") from None
+        return cls(dtype, array.tobytes())
+
+    @property
+    def values(self) -> np.ndarray:
+        """The elements (read-only view of the buffer)."""
+        return np.frombuffer(self.data, DTYPES[self.dtype])
+
+    def __array__(self, dtype=None, copy=None):
+        return self.values if dtype is None else self.values.astype(dtype)
+
+    def __len__(self) -> int:
+        return len(self.data) // DTYPES[self.dtype].itemsize
+
+    def __getitem__(self, i):
+        return self.values[i]
+
+    def __iter__(self) -> Iterator:
+        return iter(self.values)
+
+    def tolist(self) -> list:
+        return self.values.tolist()
