@@ -35,7 +35,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from protocols.transport import TransportClosed, TransportFull, _deadline
 
 SERVER_KEY = "server"
-ZERO_COPY_BYTES = 64 * 1024  # ZmqTransport hands messages this big over as ZeroMQ's frame, uncopied
+ZERO_COPY_BYTES = 64 * 1024  # messages this big are sent and received uncopied (ZeroMQ frames)
 CLIENT_KEY = "client"
 AUTHORIZED = "authorized_clients"
 
@@ -239,7 +239,7 @@ class ZmqTransport:
         deadline = _deadline(timeout)
         while True:
             try:
-                self._sock.send(data, zmq.NOBLOCK, copy=len(data) < 65536)
+                self._sock.send(data, zmq.NOBLOCK, copy=len(data) < ZERO_COPY_BYTES)
                 return
             except zmq.Again:
                 pass
