@@ -194,6 +194,7 @@ class DispatcherClient:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        watching = zmq.POLLIN  # what the poller waits for on the socket
         next_beat = 0.0
         while True:
             now = time.monotonic()
@@ -209,11 +210,17 @@ class DispatcherClient:
                 self._out.popleft()
             if self._closing.is_set() and not self._out:
                 return
+            # Messages left over: the high-water mark was reached. Wake as soon as the socket takes
+            # more, not at the next heartbeat (a burst of groups stalled for heartbeat_seconds).
+            want = zmq.POLLIN | zmq.POLLOUT if self._out else zmq.POLLIN
+            if want != watching:
+                poller.modify(self._sock, want)
+                watching = want
             events = dict(poller.poll(timeout=max(1, int((next_beat - time.monotonic()) * 1000))))
             if events.get(self._wake_r):
                 self._wake_pending = False  # before reading: a wake after this point writes again
                 os.read(self._wake_r, 4096)
-            if events.get(self._sock):
+            if events.get(self._sock, 0) & zmq.POLLIN:
                 self._receive()
 
     def _receive(self) -> None:
