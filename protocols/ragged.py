@@ -26,6 +26,15 @@ DTYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "bool": np.dtype
 _LENGTHS = np.dtype("<i4")
 
 
+def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """values as dtype; an integer target must hold them exactly (int64 ids beyond int32 are refused,
+    as np.fromiter refuses Python ints)."""
+    out = values.astype(dtype)
+    if dtype.kind == "i" and values.dtype != dtype and not np.array_equal(out, values):
+        raise ValueError(f"values do not fit {dtype.name} exactly (range {values.min()}..{values.max()})")
+    return out
+
+
 class Ragged(msgspec.Struct, frozen=True, array_like=True):
     """[G][T_g] values of one dtype: row i is values[offsets[i]:offsets[i + 1]]."""
 
@@ -50,7 +59,7 @@ class Ragged(msgspec.Struct, frozen=True, array_like=True):
         lengths = np.fromiter((len(r) for r in rows), _LENGTHS, len(rows))
         try:
             if all(isinstance(r, np.ndarray) for r in rows):
-                values = np.concatenate([np.zeros(0, np_dtype), *(r.reshape(-1) for r in rows)]).astype(np_dtype)
+                values = _cast(np.concatenate([np.zeros(0, np_dtype), *(r.reshape(-1) for r in rows)]), np_dtype)
             else:
                 values = np.fromiter(itertools.chain.from_iterable(rows), np_dtype, int(lengths.sum()))
         except (OverflowError, TypeError, ValueError) as e:
@@ -115,8 +124,8 @@ class Packed(msgspec.Struct, frozen=True, array_like=True):
         if isinstance(values, Packed):
             return values if values.dtype == dtype else cls.pack(values.values, dtype)
         try:
-            array = (values.reshape(-1) if isinstance(values, np.ndarray)
-                     else np.fromiter(values, DTYPES[dtype], len(values))).astype(DTYPES[dtype])
+            array = (_cast(values.reshape(-1), DTYPES[dtype]) if isinstance(values, np.ndarray)
+                     else np.fromiter(values, DTYPES[dtype], len(values)))
         except (OverflowError, TypeError, ValueError) as e:
             raise ValueError(f"cannot pack values as {dtype}: {e}") from None
         return cls(dtype, array.tobytes())
