@@ -34,17 +34,17 @@ from protocols.messages import EngineTimings, RolloutGroup
 
 
 class Rollouts(NamedTuple):
-    """One actor step's generated rows (N = prompts x G), as Python lists."""
+    """One actor step's generated rows (N = prompts x G): Python lists, or NumPy rows where noted."""
 
     tokens: list[list[int]]  # [N][T_r] completion ids (multi-turn: every turn and observation)
-    logprobs: list[list[float]]  # [N][T_r] behavior logprobs; 0.0 on observation tokens
+    logprobs: list  # [N][T_r] behavior logprobs (lists, or 1-D arrays when single-turn); 0.0 on observations
     policy_mask: list[list[bool]] | None  # [N][T_r] True on model tokens; None when single-turn
     versions: np.ndarray | None  # [N] policy version per row (server engines); None: the params' version
     generated_tokens: int  # tokens the engine sampled (all turns)
     scores: list[Score] | None  # [N] multi-turn: the environment's reward and metrics; None: ask the task
     turns: list[int] | None = None  # [N] model turns per episode (multi-turn)
     # [N][T_r] log of the top-p mass kept at each token (0 on observations); None: no truncation
-    kept_logmass: list[list[float]] | None = None
+    kept_logmass: list | None = None  # rows as lists, or 1-D arrays when single-turn
 
 
 def generate_rollouts(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
@@ -56,14 +56,13 @@ def generate_rollouts(engine, params, task, rows: Sequence[Prompt], key: jax.Arr
     tokens, logprobs = [], []
     for r in range(len(rows)):
         n = int(result.lengths[r])
-        tokens.append(result.tokens[r, :n].tolist())
-        logprobs.append(result.logprobs[r, :n].astype(np.float64).tolist())
+        tokens.append(result.tokens[r, :n].tolist())  # the scorer reads ids as a list
+        logprobs.append(result.logprobs[r, :n])  # rows of the engine's array: packed as they are
     versions = getattr(result, "policy_versions", None)
     kept = _kept(result)
     return Rollouts(tokens, logprobs, None, None if versions is None else np.asarray(versions),
                     int(result.lengths.sum()), None,
-                    kept_logmass=None if kept is None else [kept[r, :len(t)].astype(np.float64).tolist()
-                                                            for r, t in enumerate(tokens)])
+                    kept_logmass=None if kept is None else [kept[r, :len(t)] for r, t in enumerate(tokens)])
 
 
 def _kept(result) -> np.ndarray | None:

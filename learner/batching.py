@@ -29,6 +29,7 @@ import numpy as np
 from jax import lax
 
 from learner.algorithms.grpo import batch_std_advantages, group_advantages
+from protocols.ragged import Ragged
 
 
 class Microbatch(NamedTuple):
@@ -77,6 +78,25 @@ def _advantages_per_group(groups: Sequence[Any], grpo_cfg) -> list[np.ndarray]:
     return out
 
 
+def _packed(g) -> tuple[Ragged, Ragged, Ragged | None, Ragged | None]:
+    """(completion_tokens, behavior_logprobs, policy_mask, kept_logmass) of a group as Ragged: a
+    RolloutGroup's own buffers (no copy); lists of rows (duck-typed groups) are packed."""
+    tokens = Ragged.pack(g.completion_tokens, "int32")
+    behavior = Ragged.pack(g.behavior_logprobs, "float32")
+    if len(g.rewards) != len(tokens) or len(behavior) != len(tokens):
+        raise ValueError(
+            f"group {g.prompt_id!r}: {len(tokens)} completions, {len(g.rewards)} rewards, "
+            f"{len(behavior)} behavior logprob lists"
+        )
+    if behavior.row_lengths != tokens.row_lengths:
+        i = int(np.flatnonzero(behavior.lengths != tokens.lengths)[0])
+        raise ValueError(f"group {g.prompt_id!r}: completion of {tokens.lengths[i]} tokens has "
+                         f"{behavior.lengths[i]} behavior logprobs")
+    policy, kept = getattr(g, "policy_mask", None), getattr(g, "kept_logmass", None)
+    return (tokens, behavior, None if policy is None else Ragged.pack(policy, "bool"),
+            None if kept is None else Ragged.pack(kept, "float32"))
+
+
 def build_microbatches(
     groups: Sequence[Any], seq_len: int, microbatch_size: int, pad_id: int, grpo_cfg
 ) -> tuple[list[Microbatch], dict]:
@@ -105,13 +125,8 @@ def build_microbatches(
     """
     if not groups:
         raise ValueError("build_microbatches: no groups")
+    packed = [_packed(g) for g in groups]
     for g in groups:
-        n = len(g.completion_tokens)
-        if len(g.rewards) != n or len(g.behavior_logprobs) != n:
-            raise ValueError(
-                f"group {g.prompt_id!r}: {n} completions, {len(g.rewards)} rewards, "
-                f"{len(g.behavior_logprobs)} behavior logprob lists"
-            )
         if not 0 < len(g.prompt_tokens) < seq_len:
             raise ValueError(
                 f"group {g.prompt_id!r}: prompt of {len(g.prompt_tokens)} tokens needs "
@@ -119,42 +134,41 @@ def build_microbatches(
             )
 
     advantages = _advantages_per_group(groups, grpo_cfg)
-    num_samples = sum(len(g.completion_tokens) for g in groups)
+    num_samples = sum(len(tokens) for tokens, *_ in packed)
     num_mb = max(1, -(-num_samples // microbatch_size))
     rows = empty_microbatch(num_mb * microbatch_size, seq_len, pad_id)  # all rows, then split
+    columns = np.arange(seq_len)
 
     nucleus = getattr(grpo_cfg, "behavior_logprobs", "full") == "nucleus"
-    row, truncated, lengths, trained_tokens, truncation_kl = 0, 0, [], [], []
-    for g, adv in zip(groups, advantages):
+    row, truncated, lengths, trained_tokens, truncation_kl = 0, 0, [], 0, []
+    for g, (tokens, behavior, policy, kept), adv in zip(groups, packed, advantages):
+        # Every completion of the group at once: flat copies from the packed buffers into the rows.
         prompt = np.asarray(g.prompt_tokens, np.int32)
-        p = len(prompt)
-        policy_masks = g.policy_mask if getattr(g, "policy_mask", None) is not None else [None] * len(adv)
-        kept_per_completion = getattr(g, "kept_logmass", None) or [None] * len(adv)
-        for completion, behavior, a, r, policy, kept in zip(g.completion_tokens, g.behavior_logprobs, adv,
-                                                            g.rewards, policy_masks, kept_per_completion):
-            if len(behavior) != len(completion):
-                raise ValueError(
-                    f"group {g.prompt_id!r}: completion of {len(completion)} tokens has "
-                    f"{len(behavior)} behavior logprobs"
-                )
-            c = min(len(completion), seq_len - p)
-            truncated += c < len(completion)
-            rows.tokens[row, :p] = prompt
-            rows.tokens[row, p : p + c] = np.asarray(completion[:c], np.int32)
-            rows.mask[row, : p + c] = True
-            trained = np.ones(c, np.float32) if policy is None else np.asarray(policy[:c], np.float32)
-            rows.loss_mask[row, p : p + c] = trained
-            rows.behavior_logprobs[row, p : p + c] = np.asarray(behavior[:c], np.float32) * trained
-            if kept is not None:
-                kept = np.asarray(kept[:c], np.float32) * trained
-                truncation_kl.append(-kept[trained > 0])
-                if nucleus:  # the probability the token was drawn with
-                    rows.behavior_logprobs[row, p : p + c] -= kept
-            lengths.append(c)
-            trained_tokens.append(int(trained.sum()))
-            rows.advantages[row] = a
-            rows.rewards[row] = r
-            row += 1
+        p, n = len(prompt), len(tokens)
+        full = tokens.lengths.astype(np.int64)
+        kept_len = np.minimum(full, seq_len - p)  # a completion that does not fit is cut
+        truncated += int((kept_len < full).sum())
+        within = np.arange(int(kept_len.sum())) - np.repeat(np.cumsum(kept_len) - kept_len, kept_len)
+        src = np.repeat(tokens.offsets[:-1], kept_len) + within  # index into the packed values
+        dst = (np.repeat(np.arange(row, row + n), kept_len), p + within)  # (row, column) in the batch
+        block = slice(row, row + n)
+        rows.tokens[block, :p] = prompt
+        rows.tokens[dst] = tokens.values[src]
+        rows.mask[block] = columns < (p + kept_len)[:, None]
+        trained = np.ones(len(src), np.float32) if policy is None else policy.values[src].astype(np.float32)
+        rows.loss_mask[dst] = trained
+        behavior_values = behavior.values[src] * trained
+        if kept is not None:
+            kept_values = kept.values[src] * trained
+            truncation_kl.append(-kept_values[trained > 0])
+            if nucleus:  # the probability the token was drawn with
+                behavior_values -= kept_values
+        rows.behavior_logprobs[dst] = behavior_values
+        rows.advantages[block] = adv
+        rows.rewards[block] = g.rewards
+        lengths.extend(kept_len.tolist())
+        trained_tokens += int(trained.sum())
+        row += n
 
     microbatches = [
         Microbatch(*(field[i * microbatch_size : (i + 1) * microbatch_size] for field in rows))
@@ -164,7 +178,7 @@ def build_microbatches(
     versions = np.asarray([g.policy_version for g in groups], np.int64)
     zero_adv = [bool(np.all(a == 0)) for a in advantages]
     stats = {
-        "num_tokens": int(sum(trained_tokens)),
+        "num_tokens": trained_tokens,
         "num_samples": num_samples,
         "num_groups": len(groups),
         "num_microbatches": num_mb,

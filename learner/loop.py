@@ -150,7 +150,7 @@ class LearnerLoop:
         self.samples += sum(len(g.rewards) for g in batch.groups)
         rewards = np.concatenate([np.asarray(g.rewards, np.float64) for g in batch.groups])
         exact = [e for g in batch.groups for e in (g.exact_match or [])]
-        seq_tokens = sum(len(g.prompt_tokens) * len(g.rewards) + sum(len(c) for c in g.completion_tokens)
+        seq_tokens = sum(len(g.prompt_tokens) * len(g.rewards) + len(g.completion_tokens.values)
                          for g in batch.groups)
         out = {k: _scalar(v) for k, v in metrics.items() if _scalar(v) is not None}
         out.update({

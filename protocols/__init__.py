@@ -10,6 +10,7 @@ from protocols.errors import (
     SchemaVersionMismatch,
 )
 from protocols.messages import Control, EngineTimings, Message, RolloutGroup, WeightsPublished
+from protocols.ragged import Packed, Ragged
 from protocols.receiver import Receiver
 from protocols.transport import (
     BytesTransport,
@@ -32,7 +33,9 @@ __all__ = [
     "MalformedMessage",
     "Message",
     "MessageTooLarge",
+    "Packed",
     "ProtocolError",
+    "Ragged",
     "Receiver",
     "RolloutGroup",
     "SchemaVersionMismatch",

@@ -26,7 +26,7 @@ from protocols.errors import (
 )
 from protocols.messages import MESSAGE_TYPES, Message
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: RolloutGroup's per-token fields are packed arrays (protocols/ragged.py)
 MAGIC = "cadence"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # 64 MiB: ~4M completion tokens with logprobs
 

@@ -54,7 +54,7 @@ from protocols.messages import (
     Welcome,
     WorkRequest,
 )
-from protocols.zmq_transport import CurveKeys, bound_endpoint, server_socket
+from protocols.zmq_transport import ZERO_COPY_BYTES, CurveKeys, bound_endpoint, server_socket
 
 Peer = tuple[int, bytes]  # (socket index, ZeroMQ routing id)
 
@@ -342,6 +342,7 @@ class DispatchServer:
                                                key_name=key_name))
             self.endpoint = bound_endpoint(self._sockets[1])
         self.bad_messages: Counter = Counter()
+        self._zero_copy = [False] * len(self._sockets)  # per socket: receive the next message uncopied
         self.last_error = ""
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
@@ -420,16 +421,21 @@ class DispatchServer:
     def _receive(self, index: int, sock: zmq.Socket) -> list:
         out = []
         while True:
+            # Frame objects cost more than copying a small message; a big one is read in place.
+            # The size is known only after receiving, so the previous message's size decides.
+            zero_copy = self._zero_copy[index]
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=not zero_copy)
             except zmq.Again:
                 return out
             if len(frames) != 2:
                 self.bad_messages["frames"] += 1
                 continue
-            peer = (index, frames[0].bytes)
+            routing_id, data = (frames[0].bytes, frames[1].buffer) if zero_copy else frames
+            self._zero_copy[index] = len(data) >= ZERO_COPY_BYTES
+            peer = (index, routing_id)
             try:
-                msg = self.codec.decode(frames[1].buffer)
+                msg = self.codec.decode(data)
             except ProtocolError as e:
                 self.bad_messages[type(e).__name__] += 1
                 self.last_error = str(e)

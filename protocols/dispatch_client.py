@@ -38,7 +38,7 @@ from protocols.messages import (
     Welcome,
     WorkRequest,
 )
-from protocols.zmq_transport import CurveKeys, client_socket
+from protocols.zmq_transport import ZERO_COPY_BYTES, CurveKeys, client_socket
 
 
 class DispatcherClient:
@@ -66,6 +66,7 @@ class DispatcherClient:
         self._closing = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        self._wake_pending = False  # a byte is in the wake pipe: one write per I/O-thread round
         self._thread = threading.Thread(target=self._run, name=f"{actor_id}-io", daemon=True)
         self._last_heard = 0.0
         self._linger_ms = 0
@@ -152,8 +153,9 @@ class DispatcherClient:
         self._wake()
 
     def _wake(self) -> None:
-        if self._wake_w < 0:
+        if self._wake_w < 0 or self._wake_pending:  # the I/O thread has not read the last one yet
             return
+        self._wake_pending = True
         try:
             os.write(self._wake_w, b"w")
         except (BlockingIOError, OSError):
@@ -177,7 +179,7 @@ class DispatcherClient:
 
     def _send(self, data: bytes) -> bool:
         try:
-            self._sock.send(data, zmq.NOBLOCK)
+            self._sock.send(data, zmq.NOBLOCK, copy=len(data) < ZERO_COPY_BYTES)  # big: ZeroMQ takes our bytes
             return True
         except zmq.Again:  # the learner is away and the queue is full: heartbeats resume when it is back
             return False
@@ -192,6 +194,7 @@ class DispatcherClient:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        watching = zmq.POLLIN  # what the poller waits for on the socket
         next_beat = 0.0
         while True:
             now = time.monotonic()
@@ -207,10 +210,17 @@ class DispatcherClient:
                 self._out.popleft()
             if self._closing.is_set() and not self._out:
                 return
+            # Messages left over: the high-water mark was reached. Wake as soon as the socket takes
+            # more, not at the next heartbeat (a burst of groups stalled for heartbeat_seconds).
+            want = zmq.POLLIN | zmq.POLLOUT if self._out else zmq.POLLIN
+            if want != watching:
+                poller.modify(self._sock, want)
+                watching = want
             events = dict(poller.poll(timeout=max(1, int((next_beat - time.monotonic()) * 1000))))
             if events.get(self._wake_r):
+                self._wake_pending = False  # before reading: a wake after this point writes again
                 os.read(self._wake_r, 4096)
-            if events.get(self._sock):
+            if events.get(self._sock, 0) & zmq.POLLIN:
                 self._receive()
 
     def _receive(self) -> None:

@@ -30,6 +30,7 @@ from collections import Counter
 from typing import Any
 
 from protocols import codec as codec_mod
+from protocols.errors import SchemaVersionMismatch
 
 IN_FLIGHT, QUEUED, CONSUMED, DROPPED = "in_flight", "queued", "consumed", "dropped"
 
@@ -180,8 +181,13 @@ class SampleLedger:
         led.settled_dropped = Counter({k: int(v) for k, v in d.get("settled_dropped", {}).items()})
         led.index_of = {k: int(v) for k, v in d["index_of"].items()}
         led.in_flight = {k: int(v) for k, v in d["in_flight"].items()}
-        for blob in d["queued"]:
-            g = codec_mod.decode(base64.b64decode(blob))
+        for i, blob in enumerate(d["queued"]):
+            try:
+                g = codec_mod.decode(base64.b64decode(blob))
+            except SchemaVersionMismatch as e:  # e.g. a checkpoint from before packed per-token fields
+                raise LedgerError(f"checkpoint ledger: queued group {i} was saved in another wire schema "
+                                  f"({e}); resume it with the Cadence version that wrote it, or start a "
+                                  f"new run") from None
             led.queued[g.prompt_id] = g
         led.consumed = {k: int(v) for k, v in d["consumed"].items()}
         led.dropped = dict(d["dropped"])

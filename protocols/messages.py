@@ -1,8 +1,9 @@
 """Typed messages that actors and the learner exchange.
 
 Messages are frozen msgspec Structs in one tagged union (`Message`); the tag travels in the field
-`type`. Fields are plain Python lists and scalars (no NumPy) so that a message is cheap to encode
-and means the same thing on every host.
+`type`. Fields are plain Python lists and scalars, except the per-token fields of a RolloutGroup,
+which are packed little-endian arrays (`Ragged`): a 16x1024-token group decodes to four buffers,
+not 50k Python numbers. Either way a message means the same thing on every host.
 
 Each message checks its own consistency in `validate()`, which also runs on construction and on
 decode (msgspec calls `__post_init__` in both cases), so an inconsistent message is rejected at the
@@ -15,8 +16,11 @@ from __future__ import annotations
 import math
 
 import msgspec
+import numpy as np
+from msgspec.structs import force_setattr
 
 from protocols.errors import InvalidMessage
+from protocols.ragged import DTYPES, Packed, Ragged
 
 
 class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -52,30 +56,60 @@ class EngineTimings(msgspec.Struct, frozen=True, kw_only=True):
             )
 
 
+# The per-token fields of a RolloutGroup and the element type each travels as.
+RAGGED_FIELDS = {"completion_tokens": "int32", "behavior_logprobs": "float32", "policy_mask": "bool",
+                 "kept_logmass": "float32"}
+
+
+_RAGGED_NAMES = tuple(RAGGED_FIELDS)  # completion_tokens first
+_PER_COMPLETION = ("behavior_logprobs", "rewards", "exact_match", "policy_mask", "reward_errors", "kept_logmass")
+_WHAT = {"behavior_logprobs": "logprobs", "policy_mask": "entries", "kept_logmass": "values"}  # per token
+
+
 class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
-    """One prompt's G sampled completions with their behavior logprobs and rewards."""
+    """One prompt's G sampled completions with their behavior logprobs and rewards.
+
+    The per-token fields are `Ragged` (protocols/ragged.py) and the prompt ids `Packed`: one
+    little-endian buffer each, read as NumPy views (`.values`, `.lengths`, `[i]`). The constructor
+    also takes lists (or arrays) and packs them: prompt_tokens=[1, 2], completion_tokens=[[5, 6], [7]].
+    """
 
     prompt_id: str  # stable id of the prompt (used to track prompts in flight)
     task: str  # name of the task that supplied the prompt and scored the completions
-    prompt_tokens: list[int]  # [P] prompt token ids
-    completion_tokens: list[list[int]]  # [G][T_g] each completion's ids, up to and including EOS
-    behavior_logprobs: list[list[float]]  # [G][T_g] logprob of each sampled id under the engine
+    prompt_tokens: Packed  # [P] int32 prompt token ids
+    completion_tokens: Ragged  # [G][T_g] int32 each completion's ids, up to and including EOS
+    behavior_logprobs: Ragged  # [G][T_g] float32 logprob of each sampled id under the engine
     rewards: list[float]  # [G] one scalar reward per completion
     policy_version: int  # weights version that produced the completions
     actor_id: str  # which actor sent the group
     timings: EngineTimings
     exact_match: list[bool] | None = None  # [G] optional: did the answer match exactly
     grant_id: str = ""  # the dispatcher's grant this group answers ("" outside the dispatcher protocol)
-    # [G][T_g] optional: True where the policy sampled the token (trained on), False for tokens an
-    # environment put in the context (tool output: masked out of the loss). None: all True.
-    policy_mask: list[list[bool]] | None = None
+    # [G][T_g] bool optional: True where the policy sampled the token (trained on), False for tokens
+    # an environment put in the context (tool output: masked out of the loss). None: all True.
+    policy_mask: Ragged | None = None
     reward_errors: list[str] | None = None  # [G] optional: "" or why scoring failed (the reward is then 0)
     task_metrics: dict[str, list[float]] | None = None  # optional: the task's own per-completion metrics, [G] each
-    # [G][T_g] optional: log of the probability mass the sampler's top-p nucleus kept at each
-    # token (<= 0; 0 on tokens the policy did not sample): the token was drawn with probability
+    # [G][T_g] float32 optional: log of the probability mass the sampler's top-p nucleus kept at
+    # each token (<= 0; 0 on tokens the policy did not sample): the token was drawn with probability
     # exp(behavior_logprob - kept_logmass), and -kept_logmass is KL(truncated || full) of that
     # step. None: no truncation, or not reported.
-    kept_logmass: list[list[float]] | None = None
+    kept_logmass: Ragged | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt_tokens, Packed):  # a list or array of ids: pack it
+            try:
+                force_setattr(self, "prompt_tokens", Packed.pack(self.prompt_tokens, "int32"))
+            except (ValueError, TypeError) as e:
+                raise InvalidMessage(f"RolloutGroup.prompt_tokens: {e}") from None
+        for field, dtype in RAGGED_FIELDS.items():
+            value = getattr(self, field)
+            if value is not None and not isinstance(value, Ragged):  # lists of rows: pack them
+                try:
+                    force_setattr(self, field, Ragged.pack(value, dtype))
+                except (ValueError, TypeError) as e:
+                    raise InvalidMessage(f"RolloutGroup.{field}: {e}") from None
+        self.validate()
 
     @property
     def group_size(self) -> int:
@@ -87,63 +121,108 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
 
         Checks: G >= 1; behavior_logprobs, rewards (and exact_match, policy_mask, reward_errors,
         kept_logmass, each task_metrics list if given) have G entries; each completion has as many
-        logprobs (and policy_mask entries, kept log-masses) as ids; ids are >= 0; logprobs, kept
-        log-masses, rewards and task metrics are finite; policy_version >= 0; prompt_id is
-        non-empty.
+        logprobs (and policy_mask entries, kept log-masses) as ids; each per-token field has its
+        dtype and row lengths that fit its data; ids are >= 0; logprobs, kept log-masses, rewards
+        and task metrics are finite; policy_mask holds only True/False; policy_version >= 0;
+        prompt_id is non-empty. Per-token checks are vectorized (NumPy), so they cost about the
+        same at 8 tokens and at 16k.
         """
         name = "RolloutGroup"
         if not self.prompt_id:
             raise InvalidMessage(f"{name}.prompt_id: must be non-empty")
         if self.policy_version < 0:
             raise InvalidMessage(f"{name}.policy_version: must be >= 0, got {self.policy_version}")
-        if self.prompt_tokens and min(self.prompt_tokens) < 0:
+        prompt = self.prompt_tokens
+        if prompt.dtype != "int32" or len(prompt.data) % 4:
+            raise InvalidMessage(f"{name}.prompt_tokens: must be int32 ({len(prompt.data)} bytes of "
+                                 f"{prompt.dtype!r} given)")
+        if prompt.data and prompt.values.min() < 0:
             raise InvalidMessage(f"{name}.prompt_tokens: token ids must be >= 0")
-        group_size = len(self.completion_tokens)
+        tokens = self.completion_tokens
+        ragged = [(f, v) for f in _RAGGED_NAMES if (v := getattr(self, f)) is not None]
+        for field, value in ragged:
+            if value.dtype != RAGGED_FIELDS[field]:
+                raise InvalidMessage(f"{name}.{field}: dtype must be {RAGGED_FIELDS[field]}, got {value.dtype!r}")
+            if len(value.row_lengths) % 4:
+                raise InvalidMessage(f"{name}.{field}: row_lengths holds {len(value.row_lengths)} bytes, "
+                                     f"not a whole number of int32")
+        total = _check_row_lengths(name, "completion_tokens", tokens)
+        group_size = len(tokens)
         if group_size < 1:
             raise InvalidMessage(f"{name}.completion_tokens: a group needs at least 1 completion")
-        per_completion = {"behavior_logprobs": self.behavior_logprobs, "rewards": self.rewards}
-        for field in ("exact_match", "policy_mask", "reward_errors", "kept_logmass"):
-            if getattr(self, field) is not None:
-                per_completion[field] = getattr(self, field)
+        per_completion = [(f, v) for f in _PER_COMPLETION if (v := getattr(self, f)) is not None]
         for key, values in (self.task_metrics or {}).items():
-            per_completion[f"task_metrics[{key!r}]"] = values
+            per_completion.append((f"task_metrics[{key!r}]", values))
             if not math.isfinite(sum(values)):
                 raise InvalidMessage(f"{name}.task_metrics[{key!r}]: values must be finite")
-        for field, values in per_completion.items():
+        for field, values in per_completion:
             if len(values) != group_size:
                 raise InvalidMessage(
                     f"{name}.{field}: has {len(values)} entries for {group_size} completions "
                     f"in completion_tokens"
                 )
-        for i, (tokens, logprobs) in enumerate(zip(self.completion_tokens, self.behavior_logprobs)):
-            if len(tokens) != len(logprobs):
-                raise InvalidMessage(
-                    f"{name}.behavior_logprobs[{i}]: has {len(logprobs)} logprobs for "
-                    f"{len(tokens)} tokens in completion_tokens[{i}]"
-                )
-            if tokens and min(tokens) < 0:
-                raise InvalidMessage(f"{name}.completion_tokens[{i}]: token ids must be >= 0")
-            # One C-level sum per completion: NaN or inf anywhere makes it non-finite.
-            if not math.isfinite(sum(logprobs)):
-                j = next((j for j, lp in enumerate(logprobs) if not math.isfinite(lp)), None)
-                if j is not None:  # else a finite overflow of the sum, which is fine
-                    raise InvalidMessage(
-                        f"{name}.behavior_logprobs[{i}][{j}]: must be finite, got {logprobs[j]}"
-                    )
-        for i, (tokens, kept) in enumerate(zip(self.completion_tokens, self.kept_logmass or ())):
-            if len(kept) != len(tokens):
-                raise InvalidMessage(f"{name}.kept_logmass[{i}]: has {len(kept)} values for "
-                                     f"{len(tokens)} tokens in completion_tokens[{i}]")
-            if not math.isfinite(sum(kept)):
-                raise InvalidMessage(f"{name}.kept_logmass[{i}]: must be finite")
+        for field, value in ragged[1:]:  # the fields after completion_tokens
+            if value.row_lengths != tokens.row_lengths:  # a bytes compare: the same lengths, same total
+                _check_row_lengths(name, field, value)
+                have, want = value.lengths, tokens.lengths
+                i = int(np.flatnonzero(have != want)[0])
+                raise InvalidMessage(f"{name}.{field}[{i}]: has {have[i]} {_WHAT[field]} for "
+                                     f"{want[i]} tokens in completion_tokens[{i}]")
+            if total * DTYPES[value.dtype].itemsize != len(value.data):
+                _check_data_size(name, field, value, total)
+        ids = tokens.values
+        if ids.size and ids.min() < 0:
+            i, _ = _row_of(tokens, int(np.argmax(ids < 0)))
+            raise InvalidMessage(f"{name}.completion_tokens[{i}]: token ids must be >= 0")
+        _check_finite(name, "behavior_logprobs", self.behavior_logprobs, at_token=True)
+        if self.kept_logmass is not None:
+            _check_finite(name, "kept_logmass", self.kept_logmass, at_token=False)
         if self.policy_mask is not None:
-            for i, (tokens, mask) in enumerate(zip(self.completion_tokens, self.policy_mask)):
-                if len(mask) != len(tokens):
-                    raise InvalidMessage(f"{name}.policy_mask[{i}]: has {len(mask)} entries for "
-                                         f"{len(tokens)} tokens in completion_tokens[{i}]")
-        for i, reward in enumerate(self.rewards):
-            if not math.isfinite(reward):
-                raise InvalidMessage(f"{name}.rewards[{i}]: must be finite, got {reward}")
+            mask = self.policy_mask.values.view(np.uint8)
+            if mask.size and mask.max() > 1:
+                i, j = _row_of(self.policy_mask, int(np.argmax(mask > 1)))
+                raise InvalidMessage(f"{name}.policy_mask[{i}][{j}]: must be True or False, got byte {mask.max()}")
+        if not math.isfinite(sum(self.rewards)):
+            i = next(i for i, r in enumerate(self.rewards) if not math.isfinite(r))
+            raise InvalidMessage(f"{name}.rewards[{i}]: must be finite, got {self.rewards[i]}")
+
+
+def _check_row_lengths(name: str, field: str, value: Ragged) -> int:
+    """Row lengths >= 0 that fill the field's data; returns their sum. (Python on the G lengths:
+    cheaper than NumPy calls for the handful of completions a group holds.)"""
+    lengths = value.lengths.tolist()
+    if lengths and min(lengths) < 0:
+        raise InvalidMessage(f"{name}.{field}[{next(i for i, n in enumerate(lengths) if n < 0)}]: "
+                             f"negative row length")
+    total = sum(lengths)
+    _check_data_size(name, field, value, total)
+    return total
+
+
+def _check_data_size(name: str, field: str, value: Ragged, total: int) -> None:
+    itemsize = DTYPES[value.dtype].itemsize
+    if total * itemsize != len(value.data):
+        raise InvalidMessage(f"{name}.{field}: row lengths sum to {total} values but data holds "
+                             f"{len(value.data) / itemsize:g}")
+
+
+def _check_finite(name: str, field: str, value: Ragged, at_token: bool) -> None:
+    values = value.values
+    # One BLAS dot, the cheapest full pass NumPy has: NaN or inf anywhere makes the sum of squares
+    # non-finite (a finite overflow, |x| > 1.8e19, is rechecked exactly).
+    if math.isfinite(values.dot(values)) or np.isfinite(values).all():
+        return
+    i, j = _row_of(value, int(np.argmax(~np.isfinite(values))))
+    where = f"[{i}][{j}]" if at_token else f"[{i}]"
+    got = f", got {float(values[value.offsets[i] + j])}" if at_token else ""
+    raise InvalidMessage(f"{name}.{field}{where}: must be finite{got}")
+
+
+def _row_of(value: Ragged, flat: int) -> tuple[int, int]:
+    """(row, column) of flat index `flat` into value.values."""
+    offsets = value.offsets
+    i = int(np.searchsorted(offsets, flat, side="right")) - 1
+    return i, flat - int(offsets[i])
 
 
 class WeightsPublished(_Message, kw_only=True, tag="weights_published"):

@@ -12,7 +12,6 @@ def rollout_group(prompt_id: str, task: str, prompt_tokens: list[int], completio
                   actor_id: str = "a") -> RolloutGroup:
     """A validated RolloutGroup with placeholder timings (positional order as in the message)."""
     return RolloutGroup(prompt_id=prompt_id, task=task, prompt_tokens=list(prompt_tokens),
-                        completion_tokens=[list(c) for c in completion_tokens],
-                        behavior_logprobs=[[float(x) for x in lp] for lp in behavior_logprobs],
+                        completion_tokens=completion_tokens, behavior_logprobs=behavior_logprobs,
                         rewards=[float(r) for r in rewards], policy_version=policy_version,
                         actor_id=actor_id, timings=_NO_TIMINGS)

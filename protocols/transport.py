@@ -63,8 +63,9 @@ class BytesTransport(Protocol):
     def put_bytes(self, data: bytes, timeout: float | None = None) -> None:
         """Sends encoded bytes; same blocking and close semantics as Transport.put."""
 
-    def get_bytes(self, timeout: float | None = None) -> bytes | None:
-        """Returns the next encoded bytes, or None on timeout or once closed."""
+    def get_bytes(self, timeout: float | None = None) -> bytes | memoryview | None:
+        """Returns the next encoded bytes (or a read-only memoryview of the transport's own buffer,
+        for big messages), or None on timeout or once closed."""
 
     def close(self) -> None:
         """Closes the transport; idempotent."""

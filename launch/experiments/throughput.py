@@ -60,7 +60,7 @@ def measure(base: Config, concurrencies, batch_sizes, repeats: int, min_seconds:
     for c in concurrencies:
         prompts = stream.take(c)
         total, calls = _window(lambda: actor.step(prompts), repeats, min_seconds)
-        tokens = sum(len(x) for groups in calls for g in groups for x in g.completion_tokens)
+        tokens = sum(len(g.completion_tokens.values) for groups in calls for g in groups)
         secs = total / len(calls)  # per call
         gen.append({"concurrency": c, "seconds": secs, "samples_per_second": c * G / secs,
                     "tokens_per_second": tokens / total, "calls": len(calls)})

@@ -5,6 +5,7 @@ import pickle
 import random
 
 import msgspec
+import numpy as np
 import pytest
 
 from protocols.codec import DEFAULT_MAX_BYTES, MAGIC, SCHEMA_VERSION, Codec, decode, encode
@@ -17,6 +18,7 @@ from protocols.errors import (
     SchemaVersionMismatch,
 )
 from protocols.messages import Control, EngineTimings, RolloutGroup, WeightsPublished
+from protocols.ragged import Ragged
 
 
 def make_group(**overrides) -> RolloutGroup:
@@ -48,8 +50,13 @@ def envelope(body, magic=MAGIC, version=SCHEMA_VERSION) -> bytes:
     return msgspec.msgpack.encode([magic, version, body])
 
 
+def wire(rows, dtype: str) -> list:
+    """A per-token field as it travels: [dtype, row_lengths bytes, data bytes]."""
+    return msgspec.to_builtins(Ragged.pack(rows, dtype), builtin_types=(bytes,))
+
+
 def group_body(**changes) -> dict:
-    body = msgspec.to_builtins(make_group())
+    body = msgspec.to_builtins(make_group(), builtin_types=(bytes,))
     body.update(changes)
     return body
 
@@ -63,15 +70,26 @@ def test_round_trip_of_every_message_type(msg):
     assert back == msg
 
 
-def test_floats_survive_exactly():
+def test_float32_logprobs_survive_exactly():
     logprobs = [[-0.1, -1e-12], [-123.456789012345, -2.0**-40, -7.0]]
-    back = decode(encode(make_group(behavior_logprobs=logprobs)))
-    assert back.behavior_logprobs == logprobs
+    sent = make_group(behavior_logprobs=logprobs)
+    back = decode(encode(sent))
+    assert back.behavior_logprobs == sent.behavior_logprobs
+    assert back.behavior_logprobs.tolist() == [[float(np.float32(x)) for x in row] for row in logprobs]
+
+
+def test_per_token_fields_travel_as_little_endian_bin():
+    raw = msgspec.msgpack.decode(encode(make_group()))
+    dtype, lengths, data = raw[2]["completion_tokens"]
+    assert dtype == "int32" and isinstance(lengths, bytes) and isinstance(data, bytes)
+    assert np.frombuffer(lengths, "<i4").tolist() == [2, 3]
+    assert np.frombuffer(data, "<i4").tolist() == [1, 2, 3, 4, 2]
+    assert raw[2]["behavior_logprobs"][0] == "float32"
 
 
 def test_wire_format_is_the_versioned_envelope():
     raw = msgspec.msgpack.decode(encode(Control(stop=True)))
-    assert raw[:2] == ["cadence", 1]
+    assert raw[:2] == ["cadence", 2]
     assert raw[2]["type"] == "control" and raw[2]["stop"] is True
 
 
@@ -127,18 +145,22 @@ def test_codec_rejects_nonpositive_max_bytes():
         Codec(max_bytes=0)
 
 
-@pytest.mark.parametrize("version", [0, 2, 99])
+@pytest.mark.parametrize("version", [0, 1, 99])
 def test_wrong_schema_version_is_rejected_naming_both_versions(version):
     with pytest.raises(SchemaVersionMismatch) as info:
         decode(envelope(group_body(), version=version))
     assert str(info.value) == (
-        f"schema version mismatch: message has version {version}, this codec speaks version 1"
+        f"schema version mismatch: message has version {version}, this codec speaks version 2"
     )
 
 
 def test_wrong_version_is_reported_even_if_the_body_changed_shape():
-    with pytest.raises(SchemaVersionMismatch, match="has version 2"):
-        decode(envelope({"type": "rollout_group_v2", "tokens": "packed"}, version=2))
+    old = msgspec.to_builtins(make_group())  # schema 1: per-token fields were lists of lists
+    old["completion_tokens"], old["behavior_logprobs"] = [[1, 2], [3, 4, 2]], [[-0.5, -0.25], [-1.0, -0.125, -2.0]]
+    with pytest.raises(SchemaVersionMismatch, match="has version 1, this codec speaks version 2"):
+        decode(envelope(old, version=1))
+    with pytest.raises(SchemaVersionMismatch, match="has version 3"):
+        decode(envelope({"type": "rollout_group_v3", "tokens": "packed"}, version=3))
 
 
 def test_wrong_magic_is_foreign():
@@ -203,7 +225,7 @@ def test_body_without_a_tag_is_foreign(body, expected):
 
 
 def test_logprob_token_length_mismatch_is_rejected_at_decode():
-    body = group_body(behavior_logprobs=[[-0.5, -0.25], [-1.0, -0.125, -2.0, -0.5]])
+    body = group_body(behavior_logprobs=wire([[-0.5, -0.25], [-1.0, -0.125, -2.0, -0.5]], "float32"))
     with pytest.raises(InvalidMessage) as info:
         decode(envelope(body))
     assert str(info.value) == (
@@ -216,8 +238,8 @@ def test_logprob_token_length_mismatch_is_rejected_at_decode():
     "changes, expected",
     [
         ({"policy_version": "3"}, r"Expected `int`, got `str` - at `\$.policy_version`"),
-        ({"completion_tokens": [[1, 2.5], [3, 4, 2]]},
-         r"Expected `int`, got `float` - at `\$.completion_tokens\[0\]\[1\]`"),
+        ({"completion_tokens": [[1, 2], [3, 4, 2]]},  # lists of lists: the old shape
+         r"Expected `array` of at least length 3, got 2 - at `\$.completion_tokens`"),
         ({"timings": {"engine": "jax"}}, r"missing required field `queued_at` - at `\$.timings`"),
     ],
 )
@@ -245,3 +267,27 @@ def test_nested_validation_error_keeps_its_path():
 def test_unknown_extra_fields_are_ignored():
     body = group_body(added_in_a_minor_change=[1, 2, 3])
     assert decode(envelope(body)) == make_group()
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("completion_tokens", ["float32", np.array([2, 3], "<i4").tobytes(), bytes(20)],
+         "RolloutGroup.completion_tokens: dtype must be int32, got 'float32'"),
+        ("completion_tokens", ["int32", np.array([2, 3], "<i4").tobytes(), bytes(16)],
+         "RolloutGroup.completion_tokens: row lengths sum to 5 values but data holds 4"),
+        ("completion_tokens", ["int32", np.array([2, -3], "<i4").tobytes(), bytes(0)],
+         "RolloutGroup.completion_tokens[1]: negative row length"),
+        ("behavior_logprobs", ["float32", b"\x02\x00\x00", bytes(20)],
+         "RolloutGroup.behavior_logprobs: row_lengths holds 3 bytes, not a whole number of int32"),
+        ("completion_tokens", wire([[1, 2], [3, -4, 2]], "int32"),
+         "RolloutGroup.completion_tokens[1]: token ids must be >= 0"),
+        ("behavior_logprobs", wire([[-0.5, -0.25], [-1.0, float("nan"), -2.0]], "float32"),
+         "RolloutGroup.behavior_logprobs[1][1]: must be finite, got nan"),
+    ],
+    ids=["dtype", "short-data", "negative-length", "ragged-lengths-bytes", "negative-id", "nan"],
+)
+def test_inconsistent_packed_field_is_rejected_at_decode(field, value, expected):
+    with pytest.raises(InvalidMessage) as info:
+        decode(envelope(group_body(**{field: value})))
+    assert expected in str(info.value)

@@ -34,12 +34,14 @@ def wait_for(cond, timeout=10.0):
 class Learner:
     """A dispatcher with its real ledger, gate and stream, delivering into a queue."""
 
-    def __init__(self, ctx, external="tcp://127.0.0.1:0", keys=None, max_bytes=1 << 20, **settings):
+    def __init__(self, ctx, external="tcp://127.0.0.1:0", keys=None, max_bytes=1 << 20, heartbeat_seconds=0.1,
+                 **settings):
         self.task = make_task(TaskConfig(name="sort", num_digits=3, heldout_size=4))
         self.stream, self.ledger = PromptStream(self.task), SampleLedger()
         self.gate = AdmissionGate(64, 8)
         self.queue = InProcessTransport()
-        s = DispatchSettings(group_size=G, heartbeat_seconds=0.1, heartbeat_timeout_seconds=1.0, **settings)
+        settings.setdefault("heartbeat_timeout_seconds", 1.0)
+        s = DispatchSettings(group_size=G, heartbeat_seconds=heartbeat_seconds, **settings)
         self.core = Dispatcher(self.stream, self.ledger, self.gate, s, deliver=self.queue.put, version_fn=lambda: 0)
         self.server = DispatchServer(self.core, ctx=ctx, external=external, keys=keys, max_bytes=max_bytes).start()
         self.gate.on_change = self.server.wake
@@ -76,6 +78,53 @@ def test_threads_and_processes_speak_the_same_protocol(ctx):
     clients[0].close()
     learner.server.stop()
 
+
+
+def test_big_and_small_groups_alternate_intact_over_tcp(ctx):
+    # Big messages are read in place (ZeroMQ's frame), small ones copied: the switch must not
+    # mix up or lose any group.
+    learner = Learner(ctx)
+    stop = threading.Event()
+    c = client(ctx, learner.server.endpoint, "remote")
+    assert c.wait_welcome(5) is not None
+    grant = c.request(4, stop, timeout=5)
+    assert grant is not None and len(grant.prompt_ids) == 4
+    sent = []
+    for i, n in enumerate((20_000, 1, 20_000, 20_000)):  # 20k tokens: ~160 KB, over the 64 KiB switch
+        g = answer(grant, i)
+        sent.append(msgspec.structs.replace(g, completion_tokens=[[3] * n] * G, behavior_logprobs=[[-1.0] * n] * G))
+    assert c.send_groups(sent, grant)
+    got = [learner.queue.get(timeout=5) for _ in sent]
+    assert got == sent
+    c.close()
+    learner.server.stop()
+
+
+def test_a_burst_over_the_high_water_mark_is_sent_without_waiting_for_a_heartbeat(ctx):
+    # The learner reads nothing while the actor queues 2500 groups of ~10 KB: more than ZeroMQ's
+    # high-water marks (1000 messages a side) and the kernel's buffers hold. Once it reads again,
+    # the actor's I/O thread must resume sending when the socket has room, not at its next
+    # heartbeat or the learner's (30 s each here; it did wait for one).
+    learner = Learner(ctx, heartbeat_seconds=30.0, heartbeat_timeout_seconds=120.0)
+    learner.gate.batch_size = 10_000  # room to admit the whole burst
+    stop = threading.Event()
+    c = DispatcherClient(learner.server.endpoint, "burst", 2500, ctx=ctx, heartbeat_seconds=30.0,
+                         learner_timeout_seconds=120.0).start()
+    assert c.wait_welcome(5) is not None
+    grant = c.request(2500, stop, timeout=10)
+    assert grant is not None and len(grant.prompt_ids) == 2500
+    base = answer(grant, 0)
+    groups = [msgspec.structs.replace(base, prompt_id=pid, completion_tokens=[[3] * 600] * G,
+                                      behavior_logprobs=[[-1.0] * 600] * G) for pid in grant.prompt_ids]
+    with learner.server.lock:  # the dispatcher thread cannot read while we hold its lock
+        assert c.send_groups(groups, grant)
+        assert wait_for(lambda: len(c._out) > 0 and c._out[0] is not None, timeout=2)
+        time.sleep(0.5)  # let the I/O thread hit the high-water mark
+        assert len(c._out) > 0  # it did: messages wait in the client
+    got = [learner.queue.get(timeout=15) for _ in range(len(groups))]
+    assert None not in got and [g.prompt_id for g in got] == grant.prompt_ids
+    c.close()
+    learner.server.stop()
 
 def test_bad_bytes_are_counted_and_dropped_and_the_server_keeps_serving(ctx):
     learner = Learner(ctx, max_bytes=4096)

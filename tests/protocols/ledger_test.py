@@ -74,6 +74,24 @@ def test_state_dict_round_trip_keeps_queued_groups_and_is_a_copy():
     assert back.verify(4, pending)["queued"] == 1
 
 
+
+def test_a_checkpoint_with_queued_groups_of_an_older_schema_fails_naming_it():
+    import base64
+
+    import msgspec
+
+    led = SampleLedger()
+    led.issue(prompts(0, 2))
+    led.queue(group(0))
+    d = led.state_dict()
+    old_body = msgspec.to_builtins(group(0))  # schema 1 sent the per-token fields as lists of lists
+    old_body["completion_tokens"], old_body["behavior_logprobs"] = [[4, 2]] * 2, [[-0.5, -0.1]] * 2
+    d["queued"] = [base64.b64encode(msgspec.msgpack.encode(["cadence", 1, old_body])).decode("ascii")]
+    with pytest.raises(LedgerError, match=r"checkpoint ledger: queued group 0 was saved in another wire schema "
+                                          r"\(schema version mismatch: message has version 1, this codec speaks "
+                                          r"version 2\)"):
+        SampleLedger.from_state_dict(d)
+
 def test_settled_prompts_compact_into_a_watermark_and_counts_stay_exact():
     led = SampleLedger(recent=8)
     led.warmup(3)

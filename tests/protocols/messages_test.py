@@ -3,6 +3,7 @@
 import math
 
 import msgspec
+import numpy as np
 import pytest
 
 from protocols.errors import InvalidMessage, ProtocolError
@@ -46,9 +47,11 @@ def make_group(**overrides) -> RolloutGroup:
 
 def test_valid_group_keeps_its_fields():
     group = make_group(exact_match=[True, False], kept_logmass=[[-0.1, 0.0], [0.0, -0.2, -0.05]])
-    assert group.kept_logmass[1] == [0.0, -0.2, -0.05] and make_group().kept_logmass is None
+    assert group.kept_logmass[1].tolist() == pytest.approx([0.0, -0.2, -0.05]) and make_group().kept_logmass is None
     assert group.group_size == 2
-    assert group.completion_tokens[1] == [3, 4, 2]
+    assert group.completion_tokens[1].tolist() == [3, 4, 2]
+    assert group.completion_tokens.values.dtype == np.int32 and group.behavior_logprobs.values.dtype == np.float32
+    assert group.completion_tokens.lengths.tolist() == [2, 3]
     assert group.exact_match == [True, False]
     assert make_group().exact_match is None
 
@@ -102,9 +105,27 @@ def test_empty_completion_is_allowed():
 
 def test_validate_catches_lists_mutated_after_construction():
     group = make_group()
-    group.behavior_logprobs[0].append(-1.0)
-    with pytest.raises(InvalidMessage, match=r"behavior_logprobs\[0\]: has 3 logprobs for 2"):
+    group.rewards.append(1.0)
+    with pytest.raises(InvalidMessage, match=r"rewards: has 3 entries for 2"):
         group.validate()
+
+
+def test_packed_fields_are_read_only():
+    group = make_group()
+    with pytest.raises(ValueError, match="read-only"):
+        group.behavior_logprobs[0][0] = 1.0
+
+
+def test_packed_and_list_construction_agree():
+    from protocols.ragged import Ragged
+    packed = make_group(completion_tokens=Ragged.pack([np.array([1, 2]), np.array([3, 4, 2])], "int32"),
+                        behavior_logprobs=Ragged.pack([[-0.5, -0.25], [-1.0, -0.125, -2.0]], "float32"))
+    assert packed == make_group()
+
+
+def test_unpackable_value_names_the_field():
+    with pytest.raises(InvalidMessage, match=r"RolloutGroup.completion_tokens: cannot pack rows as int32"):
+        make_group(completion_tokens=[[1, 2**40], [3, 4, 2]])
 
 
 @pytest.mark.parametrize(
@@ -201,7 +222,7 @@ def test_optional_task_fields_round_trip_and_are_checked():
     group = make_group(policy_mask=[[True, True], [True, False, True]], reward_errors=["", "timeout"],
                        task_metrics={"tool_use": [1.0, 0.0]})
     back = decode(encode(group))
-    assert back.policy_mask == [[True, True], [True, False, True]]
+    assert back.policy_mask.tolist() == [[True, True], [True, False, True]]
     assert back.reward_errors == ["", "timeout"] and back.task_metrics == {"tool_use": [1.0, 0.0]}
     for overrides, expected in [
         ({"policy_mask": [[True, True], [True]]}, r"policy_mask\[1\]: has 1 entries for 3 tokens"),

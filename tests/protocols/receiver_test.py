@@ -18,7 +18,7 @@ GOOD = [
     Control(batch_size=64),
 ]
 TRUNCATED = encode(GOOD[0])[:-2]
-WRONG_VERSION = msgspec.msgpack.encode(["cadence", 2, {"type": "control"}])
+WRONG_VERSION = msgspec.msgpack.encode(["cadence", 99, {"type": "control"}])
 
 
 def test_bad_good_bad_good_delivers_both_good_and_counts_two_errors(caplog):
@@ -33,7 +33,7 @@ def test_bad_good_bad_good_delivers_both_good_and_counts_two_errors(caplog):
     assert receiver.error_count == 2
     assert dict(receiver.errors_by_kind) == {"MalformedMessage": 1, "SchemaVersionMismatch": 1}
     assert receiver.last_error == (
-        "schema version mismatch: message has version 2, this codec speaks version 1"
+        "schema version mismatch: message has version 99, this codec speaks version 2"
     )
     assert "truncated message" in caplog.text and "skipped a bad message" in caplog.text
     assert receiver.receive(timeout=0) is None  # nothing left

@@ -38,6 +38,31 @@ def test_push_pull_round_trip_keeps_order_and_bytes(ctx, tmp_path, where):
     assert pull.get_bytes(timeout=0.1) is None
 
 
+def test_big_messages_arrive_uncopied_and_decode(ctx):
+    from protocols.codec import decode, encode
+    from protocols.testing import rollout_group
+
+    pull = ZmqTransport("tcp://127.0.0.1:0", "pull", bind=True, ctx=ctx)
+    push = ZmqTransport(pull.endpoint, "push", bind=False, ctx=ctx)
+    big = rollout_group("p", "t", [1], [[5] * 20_000], [[-0.5] * 20_000], [1.0])
+    small = rollout_group("q", "t", [1], [[5]], [[-0.5]], [0.0])
+    sizes = []
+    for msg in (big, big, small, big):
+        push.put_bytes(encode(msg), timeout=5)
+        data = pull.get_bytes(timeout=5)
+        sizes.append(len(data))
+        assert decode(data) == msg
+    # after one big message the next one is taken as ZeroMQ's frame; a small one comes back as bytes
+    assert sizes[0] > 64 * 1024 and sizes[2] < 1000
+    kinds = []
+    for msg in (big, small, big):  # the guess follows the previous message's size
+        push.put_bytes(encode(msg), timeout=5)
+        kinds.append(type(pull.get_bytes(timeout=5)))
+    assert kinds == [memoryview, bytes, bytes]
+    push.close()
+    pull.close()
+
+
 def test_put_without_a_taker_times_out_with_transport_full(ctx):
     push = ZmqTransport("tcp://127.0.0.1:0", "push", bind=True, ctx=ctx, maxsize=1)
     with pytest.raises(TransportFull, match="no peer is taking messages"):
