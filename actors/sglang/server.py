@@ -5,7 +5,9 @@
     server.start("/run/sglang/v0")        # returns at once; wait_healthy() blocks until it serves
     server.restart("/run/sglang/v3")      # weight sync for engines without an update endpoint
 
-The process gets its own session (process group), so kill() takes its workers with it.
+The process gets its own session (process group), so kill() takes its workers with it, and it dies
+with the process that launched it (die_with_parent): a `kill -9` of an actor process leaves no
+server holding its port and memory (sglang-jax's own workers exit when the server does).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +41,25 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# The server's python runs this first, then becomes the server (execv): the kernel SIGKILLs it when
+# the thread that launched it dies, and PR_SET_PDEATHSIG (1) survives the exec. A parent already
+# gone before prctl ran is caught by the getppid() check. An exec prelude, not a Popen preexec_fn:
+# that would fork a multithreaded (JAX) process and run Python in the child before exec.
+_DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
+                    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+                    "os.getppid() == int(sys.argv[1]) or sys.exit(1)\n"
+                    "os.execv(sys.argv[2], sys.argv[2:])\n")
+
+
+def die_with_parent(command: list[str]) -> list[str]:
+    """command, run so that it gets SIGKILL when the thread that starts it dies (Linux; elsewhere
+    the command as it is). The parent-death signal belongs to the forking THREAD: SGLangEngine starts
+    servers on its event loop's executor threads, which live until close()."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [command[0], "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
 
 
 class ServerStartError(RuntimeError):
@@ -75,7 +97,7 @@ class ServerProcess:
         log = open(self.log_path, "ab")
         log.write(f"\n=== start {self.starts}: {' '.join(self.command(model_dir))}\n".encode())
         log.flush()
-        self.proc = subprocess.Popen(self.command(model_dir), stdout=log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(die_with_parent(self.command(model_dir)), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
                                      start_new_session=True)
         log.close()
