@@ -1,6 +1,6 @@
 """`cadence actor`: an actor process that joins a running learner, here or on another host.
 
-    cadence actor --connect tcp://HOST:PORT [--keys DIR] [--id NAME]
+    cadence actor --connect tcp://HOST:PORT [--keys DIR] [--id NAME] [--sglang-url URL ...] [--work-dir DIR]
 
 It says Hello to the learner's dispatcher, builds the task, model and engine from the run's config
 that comes back in the Welcome, fetches weights from the learner's weight server when a grant
@@ -8,13 +8,24 @@ needs newer ones, and generates until the learner says the run is finished (exit
 SIGINT: it leaves at once with a Goodbye, so its in-flight prompts go back to the stream (exit 0).
 If the learner goes away (preempted, restarting), it keeps asking to rejoin and continues with the
 resumed learner; weights from before the restart are dropped, since the resumed run may be older.
+
+With actors.engine=sglang the process drives SGLang servers of its own: it launches them on this
+host (actors.sglang.launch_python or $CADENCE_SGLANG_PYTHON here, free ports, files in --work-dir),
+or attaches to servers someone else runs (--sglang-url, repeatable; weight sync 'disk' then). It
+fetches weights from the learner like any actor process, and its engine's sync_weights brings its
+servers to them (restart, disk or distributed, as actors.sglang.sync says). Before asking for work
+it starts its servers on the newest weights, so no prompt waits on a server start. Launched servers
+die with the process, even on `kill -9` (actors/sglang/server.py die_with_parent).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 
 import zmq
@@ -27,7 +38,8 @@ def default_actor_id() -> str:
 
 
 def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.Event | None = None,
-              log=lambda text: print(f"cadence actor: {text}", file=sys.stderr, flush=True)) -> int:
+              log=lambda text: print(f"cadence actor: {text}", file=sys.stderr, flush=True), *,
+              sglang_urls: tuple[str, ...] = (), work_dir: str = "") -> int:
     from protocols.dispatch_client import DispatcherClient
     from protocols.zmq_transport import CurveKeys
 
@@ -42,12 +54,24 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
     if welcome is None:
         client.close("stopped before joining")
         return EXIT_OK
+    local = _LocalFiles(work_dir)
     try:
-        actor = _build(welcome, client, actor_id, ctx, keys, log)
+        actor = _build(welcome, client, actor_id, ctx, keys, log, sglang_urls, local)
     except Exception as e:  # a config this host cannot build (a model path missing here, ...)
         log(f"{actor_id}: cannot build the run's actor here: {type(e).__name__}: {e}")
         client.close(f"{type(e).__name__}: {e}", error=True)
+        local.cleanup()
         return EXIT_FAILED
+    try:
+        return _serve(actor, client, welcome, stop, actor_id, log)
+    finally:
+        close = getattr(actor.engine, "close", None)
+        if close is not None:  # SGLang: stops the servers it launched
+            close()
+        local.cleanup()
+
+
+def _serve(actor, client, welcome, stop, actor_id, log) -> int:
     worker = threading.Thread(target=_work, args=(actor, stop), name=actor_id, daemon=True)
     worker.start()
     session = welcome.session
@@ -76,12 +100,64 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
 
 def _work(actor, stop) -> None:
     try:
-        actor.run(stop)
+        actor.run(stop, warm_up=True)
     except BaseException:  # kept in actor.error, reported by the main thread
         pass
 
 
-def _build(welcome, client, actor_id, ctx, keys, log):
+class _LocalFiles:
+    """Where this actor keeps its SGLang files: --work-dir, else a temporary directory removed at exit."""
+
+    def __init__(self, work_dir: str):
+        self.path, self._temporary = work_dir, False
+
+    def get(self, actor_id: str, configured: str) -> str:
+        if not self.path:
+            if configured:  # actors.sglang.work_dir, one folder per actor
+                self.path = os.path.join(configured, actor_id)
+            else:
+                self.path, self._temporary = tempfile.mkdtemp(prefix=f"cadence-{actor_id}-"), True
+        return self.path
+
+    def cleanup(self) -> None:
+        if self._temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _sglang_engine(cfg, policy, work_dir: str):
+    """This process's SGLang engine: the servers in its local config's urls, or servers it launches here."""
+    from actors.sglang.checkpoint import export_for_server
+    from actors.sglang.engine import SGLangEngine
+    from learner.models.hf_export import hf_tensors
+
+    sg = cfg.actors.sglang
+    return SGLangEngine(sg, max_new_tokens=cfg.engine.max_new_tokens, eos_id=policy.tokenizer.eos_id,
+                        pad_id=policy.tokenizer.pad_id, temperature=cfg.engine.temperature,
+                        top_p=cfg.engine.top_p, work_dir=work_dir,
+                        export_fn=lambda params, d: export_for_server(policy.model_cfg, params, d),
+                        tensors_fn=lambda params: hf_tensors(policy.model_cfg, params))
+
+
+def local_sglang(cfg, sglang_urls: tuple[str, ...], log=lambda text: None):
+    """The run's config as this one actor process sees it: its own servers (sglang_urls, or none
+    to launch), one actor; attached servers get sync 'disk' where the run says 'restart'.
+
+    Raises ValueError (naming the key or option) when this host cannot drive SGLang servers.
+    """
+    sg = cfg.actors.sglang
+    sync = sg.sync
+    if sglang_urls and sync == "restart":
+        log("--sglang-url: attached servers cannot be restarted; weight sync 'disk' (/update_weights_from_disk)")
+        sync = "disk"
+    if not sglang_urls and not sg.resolved_python():
+        raise ValueError("actors.sglang.launch_python: this host has no SGLang python to launch servers with; "
+                         "set $CADENCE_SGLANG_PYTHON here, or attach running servers with --sglang-url URL")
+    sg = dataclasses.replace(sg, urls=tuple(sglang_urls), sync=sync)
+    actors = dataclasses.replace(cfg.actors, processes=0, num_actors=1, sglang=sg)
+    return dataclasses.replace(cfg, actors=actors)
+
+
+def _build(welcome, client, actor_id, ctx, keys, log, sglang_urls=(), local: _LocalFiles | None = None):
     from actors.actor_loop import Actor
     from actors.engine import JaxEngine
     from actors.remote_weights import RemoteWeights
@@ -93,14 +169,23 @@ def _build(welcome, client, actor_id, ctx, keys, log):
     from protocols.weights_wire import WeightClient
 
     cfg = config_loader.merge(Config(), welcome.config)
+    if cfg.actors.engine == "sglang":
+        cfg = local_sglang(cfg, tuple(sglang_urls), lambda text: log(f"{actor_id}: {text}"))
     config_loader.validate_tree(cfg)
     compile_cache.enable(cfg.run.jax_cache)  # this host's cache: a restarted actor loads its programs
     client.heartbeat_seconds = cfg.actors.heartbeat_seconds
     client.learner_timeout_seconds = cfg.actors.heartbeat_timeout_seconds
     policy = build_policy(cfg)  # the model's shape and tokenizer; its weights come from the learner
     task = make_task(cfg.task, policy.tokenizer)
-    engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id,
-                       policy.tokenizer.pad_id)
+    if cfg.actors.engine == "sglang":
+        local = local or _LocalFiles("")
+        work_dir = local.get(actor_id, cfg.actors.sglang.work_dir)
+        engine = _sglang_engine(cfg, policy, work_dir)
+        where = ", ".join(sglang_urls) if sglang_urls else f"{cfg.actors.sglang.num_servers} launched here"
+        log(f"{actor_id}: SGLang servers: {where} (sync {cfg.actors.sglang.sync}, files in {work_dir})")
+    else:
+        engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id,
+                           policy.tokenizer.pad_id)
     weights = RemoteWeights(lambda endpoint: WeightClient(endpoint, ctx=ctx, keys=keys), policy.params,
                             endpoint_fn=lambda: client.welcome.weights_endpoint)
     log(f"{actor_id}: joined session {welcome.session} (task {task.name}, {cfg.learner.group_size} completions "
@@ -109,7 +194,7 @@ def _build(welcome, client, actor_id, ctx, keys, log):
                  cfg.actors.seed, scorer=make_scorer(cfg.task, task, policy.tokenizer))
 
 
-def main(endpoint: str, actor_id: str, keys_dir: str) -> int:
+def main(endpoint: str, actor_id: str, keys_dir: str, sglang_urls: tuple[str, ...] = (), work_dir: str = "") -> int:
     stop = threading.Event()
 
     def handle(signum, frame):
@@ -117,4 +202,4 @@ def main(endpoint: str, actor_id: str, keys_dir: str) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handle)
-    return run_actor(endpoint, actor_id, keys_dir, stop)
+    return run_actor(endpoint, actor_id, keys_dir, stop, sglang_urls=tuple(sglang_urls), work_dir=work_dir)

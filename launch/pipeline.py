@@ -93,7 +93,16 @@ class Pipeline:
         if a.processes:
             self.supervisor = ActorSupervisor(a.processes, self.endpoint, run_dir, keys_dir=a.keys_dir,
                                               backoff=a.restart_backoff_seconds, on_exit=self._process_exited,
-                                              message=progress.message)
+                                              message=progress.message, extra_args=self._process_args)
+
+    def _process_args(self, actor_id: str) -> list[str]:
+        """engine=sglang: each process's servers keep their files in its own folder (a restart reuses
+        its compilation cache); with processes=1, sglang.urls are that process's servers."""
+        a = self.cfg
+        if a.engine != "sglang":
+            return []
+        work_dir = os.path.join(a.sglang.work_dir or os.path.join(self.run_dir, "sglang"), actor_id)
+        return ["--work-dir", work_dir] + [arg for u in a.sglang.urls for arg in ("--sglang-url", u)]
 
     def _endpoints(self, listen: str) -> tuple[str, str]:
         """Where to listen: a resume keeps the ports it had, so actors outside reconnect."""

@@ -142,9 +142,12 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     batch_size = int(meta.get("batch_size", cfg.learner.batch_size))  # where the controller had moved B
     gate = AdmissionGate(batch_size, cfg.actors.max_staleness)
     gate.steps_taken, gate.issued = begin.step0, G * len(begin.ledger.queued)
-    actor_engine = engine if cfg.actors.engine == "jax" else _sglang_engine(cfg, policy, run_dir, procs.fetch)
+    # SGLang servers here only for actor threads; actor processes drive servers of their own
+    # (launch/actor_process.py), fed by the weight server like any actor process.
+    threads_drive_sglang = cfg.actors.engine == "sglang" and not cfg.actors.processes and cfg.actors.num_actors > 0
+    actor_engine = _sglang_engine(cfg, policy, run_dir, procs.fetch) if threads_drive_sglang else engine
     # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
-    publish = procs.publisher(whole=cfg.actors.engine == "jax" or cfg.actors.processes > 0)
+    publish = procs.publisher(whole=not threads_drive_sglang)
     pipe = Pipeline(cfg, run_dir, task, begin.stream, begin.ledger, gate,
                     InProcessWeights(publish(state.params), begin.step0),
                     actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), scorer)
@@ -220,7 +223,7 @@ def _enrich(cfg, pipe: Pipeline, loop: LearnerLoop, actor_engine, clock, begin):
         m.update(pm)
         m["queue/depth"] = pipe.queue.qsize()  # groups waiting for the learner (sinks: Prometheus)
         m.update({f"dropped/{reason}": n for reason, n in loop.dropped.items()})  # cumulative, by reason
-        if cfg.actors.engine == "sglang":  # cumulative counters: re-issues, misaligned responses, restarts, syncs
+        if getattr(actor_engine, "name", "") == "sglang":  # SGLang in this process (actor threads): cumulative counters
             m.update({f"sglang/{k}": v for k, v in dataclasses.asdict(actor_engine.stats).items()})
         last.update(t=now, tokens=tokens)
 
