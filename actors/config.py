@@ -9,7 +9,7 @@ from typing import Literal
 from actors.sglang.server import CPU_ARGS
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -74,7 +74,7 @@ class SGLangConfig:
             raise ValueError(f"dist_backend: must be 'nccl' or 'gloo', got {self.dist_backend!r}")
         if self.dist_dtype not in ("", "float32", "bfloat16", "float16"):
             raise ValueError(f"dist_dtype: must be '', 'float32', 'bfloat16' or 'float16', got {self.dist_dtype!r}")
-        if self.sync == "distributed" and not self.dist_trusted_network and not _is_loopback(self.dist_address):
+        if self.sync == "distributed" and not self.dist_trusted_network and not is_loopback(self.dist_address):
             raise ValueError(f"dist_address: {self.dist_address!r} is not loopback, and torch.distributed does not "
                              "authenticate its peers; on a trusted private network set dist_trusted_network=true")
         if self.sync == "restart" and self.urls:

@@ -144,6 +144,8 @@ def local_sglang(cfg, sglang_urls: tuple[str, ...], log=lambda text: None):
 
     Raises ValueError (naming the key or option) when this host cannot drive SGLang servers.
     """
+    from actors.config import is_loopback
+
     sg = cfg.actors.sglang
     sync = sg.sync
     if sglang_urls and sync == "restart":
@@ -152,7 +154,10 @@ def local_sglang(cfg, sglang_urls: tuple[str, ...], log=lambda text: None):
     if not sglang_urls and not sg.resolved_python():
         raise ValueError("actors.sglang.launch_python: this host has no SGLang python to launch servers with; "
                          "set $CADENCE_SGLANG_PYTHON here, or attach running servers with --sglang-url URL")
-    sg = dataclasses.replace(sg, urls=tuple(sglang_urls), sync=sync)
+    dist_address = sg.dist_address
+    if sync == "distributed" and not sglang_urls and is_loopback(sg.host):
+        dist_address = "127.0.0.1"  # rank 0 is this process, its servers are here: not the learner's address
+    sg = dataclasses.replace(sg, urls=tuple(sglang_urls), sync=sync, dist_address=dist_address)
     actors = dataclasses.replace(cfg.actors, processes=0, num_actors=1, sglang=sg)
     return dataclasses.replace(cfg, actors=actors)
 

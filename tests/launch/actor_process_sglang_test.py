@@ -52,6 +52,10 @@ def test_one_actor_process_sees_its_own_servers(monkeypatch, no_python):
     launched = local_sglang(cfg, ())
     assert launched.actors.sglang.urls == () and launched.actors.sglang.sync == "restart"
     config_loader.validate_tree(launched)
+    # a broadcast goes from this process to the servers beside it, not from the learner's address
+    dist = Config(actors=ActorsConfig(engine="sglang", processes=2, sglang=SGLangConfig(
+        sync="distributed", dist_address="10.0.0.5", dist_trusted_network=True)))
+    assert local_sglang(dist, ()).actors.sglang.dist_address == "127.0.0.1"
 
 
 def test_each_supervised_process_gets_its_own_work_dir_and_the_runs_servers(tmp_path):
