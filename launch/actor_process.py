@@ -124,20 +124,6 @@ class _LocalFiles:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _sglang_engine(cfg, policy, work_dir: str):
-    """This process's SGLang engine: the servers in its local config's urls, or servers it launches here."""
-    from actors.sglang.checkpoint import export_for_server
-    from actors.sglang.engine import SGLangEngine
-    from learner.models.hf_export import hf_tensors
-
-    sg = cfg.actors.sglang
-    return SGLangEngine(sg, max_new_tokens=cfg.engine.max_new_tokens, eos_id=policy.tokenizer.eos_id,
-                        pad_id=policy.tokenizer.pad_id, temperature=cfg.engine.temperature,
-                        top_p=cfg.engine.top_p, work_dir=work_dir,
-                        export_fn=lambda params, d: export_for_server(policy.model_cfg, params, d),
-                        tensors_fn=lambda params: hf_tensors(policy.model_cfg, params))
-
-
 def local_sglang(cfg, sglang_urls: tuple[str, ...], log=lambda text: None):
     """The run's config as this one actor process sees it: its own servers (sglang_urls, or none
     to launch), one actor; attached servers get sync 'disk' where the run says 'restart'.
@@ -170,7 +156,7 @@ def _build(welcome, client, actor_id, ctx, keys, log, sglang_urls=(), local: _Lo
     from actors.tasks.registry import make_task
     from launch import compile_cache, config_loader
     from launch.config import Config
-    from launch.policy import build_policy
+    from launch.policy import build_policy, sglang_engine
     from protocols.weights_wire import WeightClient
 
     cfg = config_loader.merge(Config(), welcome.config)
@@ -185,7 +171,7 @@ def _build(welcome, client, actor_id, ctx, keys, log, sglang_urls=(), local: _Lo
     if cfg.actors.engine == "sglang":
         local = local or _LocalFiles("")
         work_dir = local.get(actor_id, cfg.actors.sglang.work_dir)
-        engine = _sglang_engine(cfg, policy, work_dir)
+        engine = sglang_engine(cfg, policy, work_dir)
         where = ", ".join(sglang_urls) if sglang_urls else f"{cfg.actors.sglang.num_servers} launched here"
         log(f"{actor_id}: SGLang servers: {where} (sync {cfg.actors.sglang.sync}, files in {work_dir})")
     else:
