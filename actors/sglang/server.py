@@ -5,9 +5,9 @@
     server.start("/run/sglang/v0")        # returns at once; wait_healthy() blocks until it serves
     server.restart("/run/sglang/v3")      # weight sync for engines without an update endpoint
 
-The process gets its own session (process group), so kill() takes its workers with it, and it dies
-with the process that launched it (die_with_parent): a `kill -9` of an actor process leaves no
-server holding its port and memory (sglang-jax's own workers exit when the server does).
+The process gets its own session (process group), so kill() takes its workers with it, and the
+group dies with the process that launched it (die_with_parent): a `kill -9` of an actor process
+leaves no server or worker holding its port and memory.
 """
 from __future__ import annotations
 
@@ -43,23 +43,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-# The server's python runs this first, then becomes the server (execv): the kernel SIGKILLs it when
-# the thread that launched it dies, and PR_SET_PDEATHSIG (1) survives the exec. A parent already
-# gone before prctl ran is caught by the getppid() check. An exec prelude, not a Popen preexec_fn:
-# that would fork a multithreaded (JAX) process and run Python in the child before exec.
-_DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
-                    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
-                    "os.getppid() == int(sys.argv[1]) or sys.exit(1)\n"
-                    "os.execv(sys.argv[2], sys.argv[2:])\n")
+# A watcher in the server's python, leader of the server's process group: it starts the server as
+# its child and exits with its status. When the thread that launched it dies (even by SIGKILL) the
+# kernel sends it SIGTERM (PR_SET_PDEATHSIG, 1), and on SIGTERM it SIGKILLs its whole group: the
+# server and every worker it started, also those still starting (sglang's workers arm their own
+# parent-death signal only once their imports are done, and its resource tracker ignores SIGTERM).
+# A launcher already gone before prctl ran is caught by the getppid() check.
+_WATCHER = """import ctypes, os, signal, subprocess, sys
+def end(*_):
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGTERM, end)
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    end()
+code = subprocess.Popen(sys.argv[2:]).wait()
+os._exit(code if code >= 0 else 128 - code)
+"""
 
 
 def die_with_parent(command: list[str]) -> list[str]:
-    """command, run so that it gets SIGKILL when the thread that starts it dies (Linux; elsewhere
-    the command as it is). The parent-death signal belongs to the forking THREAD: SGLangEngine starts
-    servers on its event loop's executor threads, which live until close()."""
+    """command, run under a watcher that kills its process group when the THREAD that starts it dies
+    (Linux's parent-death signal belongs to the forking thread: SGLangEngine starts servers on its
+    event loop's executor threads, which live until close()). Elsewhere than Linux: the command as it is."""
     if not sys.platform.startswith("linux"):
         return list(command)
-    return [command[0], "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
+    return [command[0], "-c", _WATCHER, str(os.getpid()), *command]
 
 
 class ServerStartError(RuntimeError):
@@ -136,11 +144,11 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
-        else:  # the leader is gone; workers it left in the group must go too
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        # Workers left in the group (some ignore SIGTERM, e.g. multiprocessing's resource tracker) go too.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not exit."""

@@ -33,14 +33,29 @@ def args(run, steps):
             "actors.processes=1", f"actors.sglang.launch_python={sglang_python()}"]
 
 
-def train(*argv):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.Popen([sys.executable, "-m", "launch.cli", "train", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+@pytest.fixture
+def train():
+    """Starts `cadence train`; one still running at the test's end gets SIGTERM (it stops its actors)."""
+    started = []
+
+    def start(*argv):
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        started.append(subprocess.Popen([sys.executable, "-m", "launch.cli", "train", *argv],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        return started[-1]
+
+    yield start
+    for p in started:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
-def processes() -> dict[int, tuple[int, list[str], str]]:
-    """{pid: (ppid, argv, state)} of every process now."""
+def processes() -> dict[int, tuple[int, int, list[str], str]]:
+    """{pid: (ppid, process group, argv, state)} of every process now."""
     out = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -52,47 +67,54 @@ def processes() -> dict[int, tuple[int, list[str], str]]:
                 argv = f.read().split("\0")
         except OSError:
             continue
-        out[int(pid)] = (int(fields[1]), argv, fields[0])
+        out[int(pid)] = (int(fields[1]), int(fields[2]), argv, fields[0])
     return out
 
 
 def living(pids) -> set[int]:
     procs = processes()
-    return {p for p in pids if p in procs and procs[p][2] != "Z"}  # a zombie holds no port or memory
+    return {p for p in pids if p in procs and procs[p][3] != "Z"}  # a zombie holds no port or memory
 
 
 def servers_of(run) -> dict[int, set[int]]:
-    """{server pid: its descendants} of the sglang-jax servers serving a checkpoint under run."""
+    """{server pid: every process of its group} of the sglang-jax servers serving a checkpoint under run
+    (the group: its watcher, the server and the workers it started)."""
     procs = processes()
-    roots = [p for p, (_, argv, state) in procs.items()
-             if state != "Z" and "sgl_jax.launch_server" in argv and any(str(run) in a for a in argv)]
-    out = {}
-    for root in roots:
-        tree, grew = {root}, True
-        while grew:
-            more = {p for p, (pp, _, _) in procs.items() if pp in tree} - tree
-            tree |= more
-            grew = bool(more)
-        out[root] = tree - {root}
-    return out
+    roots = [p for p, (_, _, argv, state) in procs.items()
+             if state != "Z" and argv[1:3] == ["-m", "sgl_jax.launch_server"] and any(str(run) in a for a in argv)]
+    return {root: {p for p, (_, pgid, _, state) in procs.items() if pgid == procs[root][1] and state != "Z"}
+            for root in roots}
 
 
 def port_of(pid) -> int:
-    argv = processes()[pid][1]
+    argv = processes()[pid][2]
     return int(argv[argv.index("--port") + 1])
 
 
-def port_free(port) -> bool:
-    with socket.socket() as s:
+def listening(port) -> bool:
+    """Does any socket listen on this TCP port (TIME_WAIT leftovers do not count)?"""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            s.bind(("127.0.0.1", port))
-            return True
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
         except OSError:
-            return False
+            continue
+        if any(int(r.split()[1].rsplit(":", 1)[1], 16) == port and r.split()[3] == "0A" for r in rows):
+            return True
+    return False
+
+
+def serving(run) -> dict[int, set[int]] | None:
+    """servers_of(run) once its one server listens."""
+    servers = servers_of(run)
+    try:
+        return servers if len(servers) == 1 and listening(port_of(next(iter(servers)))) else None
+    except (KeyError, ValueError):  # it exited meanwhile
+        return None
 
 
 def actor_pid(learner) -> int | None:
-    for pid, (ppid, argv, state) in processes().items():
+    for pid, (ppid, _, argv, state) in processes().items():
         if ppid == learner.pid and "actor" in argv and state != "Z":
             return pid
     return None
@@ -133,7 +155,7 @@ def newest_version(row) -> int:
     return row["step"] - 1 - next(i for i, n in enumerate(row["staleness/hist"]) if n)
 
 
-def test_an_actor_process_drives_its_own_sglang_server_and_versions_advance(tmp_path):
+def test_an_actor_process_drives_its_own_sglang_server_and_versions_advance(tmp_path, train):
     run, steps = tmp_path / "run", 8
     summary, ms = finish(train(*args(run, steps)), run, steps)
     last = ms[-1]
@@ -147,24 +169,24 @@ def test_an_actor_process_drives_its_own_sglang_server_and_versions_advance(tmp_
     assert logs, "no server log in the process's work dir"
 
 
-def test_kill9_of_the_actor_process_takes_its_server_and_the_restart_catches_up(tmp_path):
+def test_kill9_of_the_actor_process_takes_its_server_and_the_restart_catches_up(tmp_path, train):
     run, steps = tmp_path / "run", 10
     learner = train(*args(run, steps))
     wait_until(lambda: any(r["step"] >= 3 for r in rows(run)), learner, "step 3")
     old_actor = wait_until(lambda: actor_pid(learner), learner, "the actor process")
-    servers = wait_until(lambda: servers_of(run), learner, "its server")
-    (server, workers), = servers.items()
+    (server, members), = wait_until(lambda: serving(run), learner, "its server, listening").items()
     port = port_of(server)
     os.kill(old_actor, signal.SIGKILL)
     gone = time.time() + 30
-    while living({server, *workers}) and time.time() < gone:
+    while living(members) and time.time() < gone:
         time.sleep(0.2)
-    assert not living({server, *workers}), "the server outlived its actor process (orphan)"
-    assert port_free(port)  # its port was released
+    assert not living(members), "the server or a worker outlived its actor process (orphan)"
+    assert not listening(port)  # its port was released
     new_actor = wait_until(lambda: (p := actor_pid(learner)) not in (None, old_actor) and p, learner,
                            "the restarted actor process")
     new_server = wait_until(lambda: [p for p in servers_of(run) if p != server], learner, "its new server")[0]
-    assert processes()[new_server][0] == new_actor  # launched by the restarted process itself
+    watcher = processes()[new_server][1]
+    assert processes()[watcher][0] == new_actor  # launched by the restarted process itself
     summary, ms = finish(learner, run, steps)
     last = ms[-1]
     assert last["actors/restarts"] >= 1 and last["actors/groups/sglang"] >= steps * BATCH // G
