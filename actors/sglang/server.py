@@ -48,15 +48,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 # kernel sends it SIGTERM (PR_SET_PDEATHSIG, 1), and on SIGTERM it SIGKILLs its whole group: the
 # server and every worker it started, also those still starting (sglang's workers arm their own
 # parent-death signal only once their imports are done, and its resource tracker ignores SIGTERM).
-# A launcher already gone before prctl ran is caught by the getppid() check.
+# A launcher already gone before prctl ran is caught by the getppid() check; the server dies with
+# the watcher too (the watcher is single-threaded, so its preexec_fn is safe).
 _WATCHER = """import ctypes, os, signal, subprocess, sys
+prctl = ctypes.CDLL(None, use_errno=True).prctl
 def end(*_):
     os.killpg(0, signal.SIGKILL)
 signal.signal(signal.SIGTERM, end)
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+prctl(1, signal.SIGTERM, 0, 0, 0)
 if os.getppid() != int(sys.argv[1]):
     end()
-code = subprocess.Popen(sys.argv[2:]).wait()
+server = subprocess.Popen(sys.argv[2:], preexec_fn=lambda: prctl(1, signal.SIGKILL, 0, 0, 0))
+code = server.wait()
 os._exit(code if code >= 0 else 128 - code)
 """
 
