@@ -65,10 +65,20 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
     try:
         return _serve(actor, client, welcome, stop, actor_id, log)
     finally:
-        close = getattr(actor.engine, "close", None)
-        if close is not None:  # SGLang: stops the servers it launched
-            close()
+        _close_engine(actor.engine, actor_id, log)
         local.cleanup()
+
+
+def _close_engine(engine, actor_id, log) -> None:
+    """SGLang: requests still running are cut short first (else a failing one would restart its
+    server), then the servers it launched stop."""
+    if getattr(engine, "close", None) is None:
+        return
+    try:
+        engine.abort()
+    except Exception as e:  # noqa: BLE001 - best effort; close() stops the servers regardless
+        log(f"{actor_id}: abort before closing the SGLang engine: {type(e).__name__}: {e}")
+    engine.close()
 
 
 def _serve(actor, client, welcome, stop, actor_id, log) -> int:
