@@ -16,7 +16,9 @@ dead one costs only the prompts it held, which the dispatcher re-issues.
 Every group carries the policy version whose weights produced it and the grant it answers. An
 engine that serves weights of its own (SGLang) has a ``sync_weights(params, version, min_version=)``
 hook, called before each generation, and reports per-row ``policy_versions``: the group carries the
-oldest.
+oldest. An actor process warms such an engine up (its servers start on the newest weights before it
+asks for work), and its servers' versions are forgotten when the learner restarts (the resumed run
+may be older than what they serve).
 """
 from __future__ import annotations
 
