@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import socket
@@ -127,6 +128,12 @@ class _LocalFiles:
                 self.path = os.path.join(configured, actor_id)
             else:
                 self.path, self._temporary = tempfile.mkdtemp(prefix=f"cadence-{actor_id}-"), True
+        # Checkpoints a killed predecessor of this actor exported (a model's size each): its
+        # servers are gone, and this process exports its own. The compilation cache stays.
+        if os.path.isdir(self.path):
+            for name in os.listdir(self.path):
+                if re.fullmatch(r"v\d{6}", name):
+                    shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
         return self.path
 
     def cleanup(self) -> None:

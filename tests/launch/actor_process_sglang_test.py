@@ -1,6 +1,7 @@
 """actors.engine=sglang with actor processes: what the config allows, what one `cadence actor` makes
 of the run's config (its own servers), and what the supervisor tells each process. The real servers
 run in tests/e2e/sglang_processes_test.py."""
+import os
 import types
 
 import pytest
@@ -56,6 +57,19 @@ def test_one_actor_process_sees_its_own_servers(monkeypatch, no_python):
     dist = Config(actors=ActorsConfig(engine="sglang", processes=2, sglang=SGLangConfig(
         sync="distributed", dist_address="10.0.0.5", dist_trusted_network=True)))
     assert local_sglang(dist, ()).actors.sglang.dist_address == "127.0.0.1"
+
+
+def test_a_restarted_process_removes_the_checkpoints_its_predecessor_exported(tmp_path):
+    from launch.actor_process import _LocalFiles
+
+    for name in ("v000003", "v000007", "jax-cache", "logs"):
+        (tmp_path / "proc-0" / name).mkdir(parents=True)
+    assert _LocalFiles("").get("proc-0", str(tmp_path)) == str(tmp_path / "proc-0")
+    assert sorted(p.name for p in (tmp_path / "proc-0").iterdir()) == ["jax-cache", "logs"]
+    temporary = _LocalFiles("")
+    path = temporary.get("proc-1", "")
+    temporary.cleanup()
+    assert not os.path.exists(path)
 
 
 def test_each_supervised_process_gets_its_own_work_dir_and_the_runs_servers(tmp_path):
