@@ -16,7 +16,9 @@ dead one costs only the prompts it held, which the dispatcher re-issues.
 Every group carries the policy version whose weights produced it and the grant it answers. An
 engine that serves weights of its own (SGLang) has a ``sync_weights(params, version, min_version=)``
 hook, called before each generation, and reports per-row ``policy_versions``: the group carries the
-oldest.
+oldest. An actor process warms such an engine up (its servers start on the newest weights before it
+asks for work), and its servers' versions are forgotten when the learner restarts (the resumed run
+may be older than what they serve).
 """
 from __future__ import annotations
 
@@ -119,12 +121,25 @@ class Actor:
         self.stats.tokens += out.generated_tokens
         return groups
 
-    def run(self, stop: threading.Event) -> None:
+    def warm_up(self) -> None:
+        """An engine with weights of its own (SGLang) takes the newest weights before the first
+        request for work, so no granted prompt waits while its servers start."""
+        sync = getattr(self.engine, "sync_weights", None)
+        if sync is None:
+            return
+        self._phase("weights")
+        self.weights.ensure(0)  # the newest the learner has
+        params, version = self.weights.latest()
+        sync(params, version)
+
+    def run(self, stop: threading.Event, warm_up: bool = False) -> None:
         """Work until `stop` is set or the learner says stop. An exception is kept in `error`, told
-        to the dispatcher (Goodbye with the error) and re-raised."""
+        to the dispatcher (Goodbye with the error) and re-raised. warm_up: call warm_up() first."""
         client = self.client
         session = ""
         try:
+            if warm_up:
+                self.warm_up()
             while not (stop.is_set() or client.stop_reason):
                 if client.concurrency is not None:
                     self.set_concurrency(client.concurrency)
@@ -134,15 +149,24 @@ class Actor:
                 if grant is None:
                     continue
                 if grant.grant_id.rsplit("-", 1)[0] != session:  # a new learner session
+                    restarted = bool(session)
                     session = grant.grant_id.rsplit("-", 1)[0]
                     reset = getattr(self.weights, "reset", None)
                     if reset is not None:  # the resumed run may be older than the weights we hold
                         reset()
+                    forget = getattr(self.engine, "forget_weights", None)
+                    if restarted and forget is not None:  # so may the weights our servers serve
+                        forget()
                 prompts = self.prompts_for(grant)
                 self._phase("weights")
                 self.weights.ensure(grant.version)
                 groups = self.step(prompts, grant)
                 client.generate_seconds = self.stats.generate_seconds
+                engine_stats = getattr(self.engine, "stats", None)
+                if engine_stats is not None:  # SGLang's counters, per actor in the learner's metrics
+                    name = getattr(self.engine, "name", "engine")
+                    client.engine_stats = {f"{name}/{k}": float(v)
+                                           for k, v in dataclasses.asdict(engine_stats).items()}
                 if groups:  # the weights version it generates with, for its heartbeats (version lag)
                     client.version = max(g.policy_version for g in groups)
                 self._phase("sending")

@@ -9,7 +9,7 @@ from typing import Literal
 from actors.sglang.server import CPU_ARGS
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -74,7 +74,7 @@ class SGLangConfig:
             raise ValueError(f"dist_backend: must be 'nccl' or 'gloo', got {self.dist_backend!r}")
         if self.dist_dtype not in ("", "float32", "bfloat16", "float16"):
             raise ValueError(f"dist_dtype: must be '', 'float32', 'bfloat16' or 'float16', got {self.dist_dtype!r}")
-        if self.sync == "distributed" and not self.dist_trusted_network and not _is_loopback(self.dist_address):
+        if self.sync == "distributed" and not self.dist_trusted_network and not is_loopback(self.dist_address):
             raise ValueError(f"dist_address: {self.dist_address!r} is not loopback, and torch.distributed does not "
                              "authenticate its peers; on a trusted private network set dist_trusted_network=true")
         if self.sync == "restart" and self.urls:
@@ -90,7 +90,7 @@ class SGLangConfig:
 class ActorsConfig:
     engine: Literal["jax", "sglang"] = "jax"  # generation engine: the built-in JAX sampler or SGLang servers
     num_actors: int = 1  # actor threads in the learner's process (used when processes = 0; 0 = only actors that join with `cadence actor`)
-    processes: int = 0  # actor processes on this machine instead of threads, restarted if they die (engine=jax)
+    processes: int = 0  # actor processes on this machine instead of threads, restarted if they die (engine=sglang: each launches its own servers)
     prompts_per_call: int = 16  # prompts per engine call (x group_size completions): the concurrency
     max_staleness: int = 1  # policy versions a sample may lag the step that trains on it; 0 = synchronous
     queue_size: int = 0  # bound on groups waiting for the learner (0 = no bound; admission bounds it anyway)
@@ -118,9 +118,16 @@ class ActorsConfig:
             raise ValueError(f"queue_size: must be >= 0, got {self.queue_size}")
         if self.processes < 0:
             raise ValueError(f"processes: must be >= 0, got {self.processes}")
-        if self.processes and self.engine != "jax":
-            raise ValueError("processes: actor processes run the built-in engine (engine=jax); SGLang servers "
-                             "are driven by actor threads (processes=0)")
+        if self.engine == "sglang" and self.processes > 1:
+            # Each process drives its servers' weights on its own: shared servers would be synced by
+            # several processes at once, and the versions each records would be wrong.
+            if self.sglang.urls:
+                raise ValueError(f"sglang.urls: with processes={self.processes} every actor process would drive "
+                                 "the same servers; use processes=1, or start one `cadence actor --sglang-url URL` "
+                                 "per set of servers")
+            if self.sglang.port:
+                raise ValueError(f"sglang.port: with processes={self.processes} each process launches servers "
+                                 f"from port {self.sglang.port} and they collide; set 0 (free ports)")
         for name in ("heartbeat_seconds", "heartbeat_timeout_seconds", "liveness_timeout_seconds",
                      "max_message_mb"):
             if not getattr(self, name) > 0:
@@ -142,6 +149,7 @@ class ActorsConfig:
                 check_bind(self.listen, bool(self.keys_dir), "keys_dir")
             except SecurityError as e:
                 raise ValueError(str(e)) from None
-        if self.engine == "sglang" and not self.sglang.urls and not self.sglang.resolved_python():
+        launches = self.processes or self.num_actors  # someone on this host launches servers
+        if self.engine == "sglang" and launches and not self.sglang.urls and not self.sglang.resolved_python():
             raise ValueError("sglang.launch_python: set it (or $CADENCE_SGLANG_PYTHON) to the python of "
                              "the SGLang venv, or attach running servers with sglang.urls")

@@ -1,6 +1,6 @@
 """`cadence actor`: an actor process that joins a running learner, here or on another host.
 
-    cadence actor --connect tcp://HOST:PORT [--keys DIR] [--id NAME]
+    cadence actor --connect tcp://HOST:PORT [--keys DIR] [--id NAME] [--sglang-url URL ...] [--work-dir DIR]
 
 It says Hello to the learner's dispatcher, builds the task, model and engine from the run's config
 that comes back in the Welcome, fetches weights from the learner's weight server when a grant
@@ -8,6 +8,14 @@ needs newer ones, and generates until the learner says the run is finished (exit
 SIGINT: it leaves at once with a Goodbye, so its in-flight prompts go back to the stream (exit 0).
 If the learner goes away (preempted, restarting), it keeps asking to rejoin and continues with the
 resumed learner; weights from before the restart are dropped, since the resumed run may be older.
+
+With actors.engine=sglang the process drives SGLang servers of its own: it launches them on this
+host (actors.sglang.launch_python or $CADENCE_SGLANG_PYTHON here, free ports, files in --work-dir),
+or attaches to servers someone else runs (--sglang-url, repeatable; weight sync 'disk' then). It
+fetches weights from the learner like any actor process, and its engine's sync_weights brings its
+servers to them (restart, disk or distributed, as actors.sglang.sync says). Before asking for work
+it starts its servers on the newest weights, so no prompt waits on a server start. Launched servers
+die with the process, even on `kill -9` (actors/sglang/server.py die_with_parent).
 
 `--connect -` is how `cadence train actors.processes=N` starts its processes while the learner is
 still building: the endpoint, and before it optionally the run's config, arrive as JSON lines on
@@ -22,9 +30,12 @@ import dataclasses
 import json
 import os
 import queue
+import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from typing import Any
 
@@ -38,8 +49,8 @@ def default_actor_id() -> str:
 
 
 def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.Event | None = None,
-              log=lambda text: print(f"cadence actor: {text}", file=sys.stderr, flush=True),
-              parts: "Parts | None" = None) -> int:
+              log=lambda text: print(f"cadence actor: {text}", file=sys.stderr, flush=True), *,
+              sglang_urls: tuple[str, ...] = (), work_dir: str = "", parts: "Parts | None" = None) -> int:
     """Join the learner at `endpoint` and generate until told to stop. parts: built from the run's
     config before connecting (see prepare()); used if the Welcome carries the same config."""
     from protocols.dispatch_client import DispatcherClient
@@ -58,19 +69,42 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
             parts.scorer.close()
         client.close("stopped before joining")
         return EXIT_OK
+    local = _LocalFiles(work_dir)
     try:
         if parts is None or parts.config != welcome.config:
             if parts is not None:
                 log(f"{actor_id}: the run's config differs from the one prepared with: building again")
                 parts.scorer.close()
-            parts = prepare(welcome.config)
+            parts = prepare(welcome.config, sglang_urls=tuple(sglang_urls),
+                            log=lambda text: log(f"{actor_id}: {text}"))
         else:
             log(f"{actor_id}: model and engine were prepared before joining")
-        actor = _build(parts, welcome, client, actor_id, ctx, keys, log)
+        actor = _build(parts, welcome, client, actor_id, ctx, keys, log, sglang_urls, local)
     except Exception as e:  # a config this host cannot build (a model path missing here, ...)
         log(f"{actor_id}: cannot build the run's actor here: {type(e).__name__}: {e}")
         client.close(f"{type(e).__name__}: {e}", error=True)
+        local.cleanup()
         return EXIT_FAILED
+    try:
+        return _serve(actor, client, welcome, stop, actor_id, log)
+    finally:
+        _close_engine(actor.engine, actor_id, log)
+        local.cleanup()
+
+
+def _close_engine(engine, actor_id, log) -> None:
+    """SGLang: requests still running are cut short first (else a failing one would restart its
+    server), then the servers it launched stop."""
+    if getattr(engine, "close", None) is None:
+        return
+    try:
+        engine.abort()
+    except Exception as e:  # noqa: BLE001 - best effort; close() stops the servers regardless
+        log(f"{actor_id}: abort before closing the SGLang engine: {type(e).__name__}: {e}")
+    engine.close()
+
+
+def _serve(actor, client, welcome, stop, actor_id, log) -> int:
     worker = threading.Thread(target=_work, args=(actor, stop), name=actor_id, daemon=True)
     worker.start()
     session = welcome.session
@@ -99,9 +133,58 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
 
 def _work(actor, stop) -> None:
     try:
-        actor.run(stop)
+        actor.run(stop, warm_up=True)
     except BaseException:  # kept in actor.error, reported by the main thread
         pass
+
+
+class _LocalFiles:
+    """Where this actor keeps its SGLang files: --work-dir, else a temporary directory removed at exit."""
+
+    def __init__(self, work_dir: str):
+        self.path, self._temporary = work_dir, False
+
+    def get(self, actor_id: str, configured: str) -> str:
+        if not self.path:
+            if configured:  # actors.sglang.work_dir, one folder per actor
+                self.path = os.path.join(configured, actor_id)
+            else:
+                self.path, self._temporary = tempfile.mkdtemp(prefix=f"cadence-{actor_id}-"), True
+        # Checkpoints a killed predecessor of this actor exported (a model's size each): its
+        # servers are gone, and this process exports its own. The compilation cache stays.
+        if os.path.isdir(self.path):
+            for name in os.listdir(self.path):
+                if re.fullmatch(r"v\d{6}", name):
+                    shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
+        return self.path
+
+    def cleanup(self) -> None:
+        if self._temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def local_sglang(cfg, sglang_urls: tuple[str, ...], log=lambda text: None):
+    """The run's config as this one actor process sees it: its own servers (sglang_urls, or none
+    to launch), one actor; attached servers get sync 'disk' where the run says 'restart'.
+
+    Raises ValueError (naming the key or option) when this host cannot drive SGLang servers.
+    """
+    from actors.config import is_loopback
+
+    sg = cfg.actors.sglang
+    sync = sg.sync
+    if sglang_urls and sync == "restart":
+        log("--sglang-url: attached servers cannot be restarted; weight sync 'disk' (/update_weights_from_disk)")
+        sync = "disk"
+    if not sglang_urls and not sg.resolved_python():
+        raise ValueError("actors.sglang.launch_python: this host has no SGLang python to launch servers with; "
+                         "set $CADENCE_SGLANG_PYTHON here, or attach running servers with --sglang-url URL")
+    dist_address = sg.dist_address
+    if sync == "distributed" and not sglang_urls and is_loopback(sg.host):
+        dist_address = "127.0.0.1"  # rank 0 is this process, its servers are here: not the learner's address
+    sg = dataclasses.replace(sg, urls=tuple(sglang_urls), sync=sync, dist_address=dist_address)
+    actors = dataclasses.replace(cfg.actors, processes=0, num_actors=1, sglang=sg)
+    return dataclasses.replace(cfg, actors=actors)
 
 
 @dataclasses.dataclass
@@ -112,12 +195,15 @@ class Parts:
     cfg: Any
     policy: Any
     task: Any
-    engine: Any
+    engine: Any  # the built-in engine (None with engine=sglang: its servers are built in _build)
     scorer: Any  # the task's rewards: inline, a worker pool (its processes start here) or HTTP
 
 
-def prepare(config: dict, warm: bool = False) -> Parts:
-    """The task, model template and engine of a run's config; warm: also compile generation."""
+def prepare(config: dict, warm: bool = False, sglang_urls: tuple[str, ...] = (), log=lambda text: None) -> Parts:
+    """The task, model skeleton and engine of a run's config as this process sees it (its own
+    SGLang servers: local_sglang); warm: also compile generation.
+
+    Raises ValueError (naming the key) if this host cannot build it."""
     from actors.engine import JaxEngine
     from actors.rewards import make_scorer
     from actors.tasks.registry import make_task
@@ -126,41 +212,53 @@ def prepare(config: dict, warm: bool = False) -> Parts:
     from launch.policy import policy_skeleton
 
     cfg = config_loader.merge(Config(), config)
+    if cfg.actors.engine == "sglang":
+        cfg = local_sglang(cfg, tuple(sglang_urls), log)
     config_loader.validate_tree(cfg)
     compile_cache.enable(cfg.run.jax_cache)  # this host's cache: a restarted actor loads its programs
     policy = policy_skeleton(cfg)  # shapes and tokenizer; the weights come from the learner
     task = make_task(cfg.task, policy.tokenizer)
-    engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id,
-                       policy.tokenizer.pad_id)
-    if warm:  # one call as the actor loop makes it (zero weights): its programs get compiled now
-        import jax
-        import numpy as np
+    engine = None
+    if cfg.actors.engine == "jax":
+        engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id,
+                           policy.tokenizer.pad_id)
+        if warm:  # one call as the actor loop makes it (zero weights): its programs get compiled now
+            import jax
+            import numpy as np
 
-        from actors.episodes import generate_rollouts
+            from actors.episodes import generate_rollouts
 
-        zeros = jax.device_put(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), policy.params))
-        rows = [task.prompt(i) for i in range(cfg.actors.prompts_per_call) for _ in range(cfg.learner.group_size)]
-        generate_rollouts(engine, zeros, task, rows, jax.random.fold_in(jax.random.key(cfg.actors.seed), 0))
+            zeros = jax.device_put(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), policy.params))
+            rows = [task.prompt(i) for i in range(cfg.actors.prompts_per_call) for _ in range(cfg.learner.group_size)]
+            generate_rollouts(engine, zeros, task, rows, jax.random.fold_in(jax.random.key(cfg.actors.seed), 0))
     return Parts(config, cfg, policy, task, engine, make_scorer(cfg.task, task, policy.tokenizer))
 
 
-def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log):
+def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log, sglang_urls=(),
+           local: _LocalFiles | None = None):
     from actors.actor_loop import Actor
     from actors.remote_weights import RemoteWeights
+    from launch.policy import sglang_engine
     from protocols.weights_wire import WeightClient
 
-    cfg, policy, task = parts.cfg, parts.policy, parts.task
+    cfg, policy, task, engine = parts.cfg, parts.policy, parts.task, parts.engine
+    if cfg.actors.engine == "sglang":
+        local = local or _LocalFiles("")
+        work_dir = local.get(actor_id, cfg.actors.sglang.work_dir)
+        engine = sglang_engine(cfg, policy, work_dir)
+        where = ", ".join(sglang_urls) if sglang_urls else f"{cfg.actors.sglang.num_servers} launched here"
+        log(f"{actor_id}: SGLang servers: {where} (sync {cfg.actors.sglang.sync}, files in {work_dir})")
     client.heartbeat_seconds = cfg.actors.heartbeat_seconds
     client.learner_timeout_seconds = cfg.actors.heartbeat_timeout_seconds
     weights = RemoteWeights(lambda endpoint: WeightClient(endpoint, ctx=ctx, keys=keys), policy.params,
                             endpoint_fn=lambda: client.welcome.weights_endpoint)
     log(f"{actor_id}: joined session {welcome.session} (task {task.name}, {cfg.learner.group_size} completions "
         f"per prompt, {welcome.concurrency} prompts per call)")
-    return Actor(actor_id, parts.engine, task, client, weights, cfg.learner.group_size, welcome.concurrency,
+    return Actor(actor_id, engine, task, client, weights, cfg.learner.group_size, welcome.concurrency,
                  cfg.actors.seed, scorer=parts.scorer)
 
 
-def _from_parent(stop: threading.Event, log) -> tuple[str, Parts | None] | None:
+def _from_parent(stop: threading.Event, log, sglang_urls: tuple[str, ...] = ()) -> tuple[str, Parts | None] | None:
     """`--connect -`: read the config (optional) and the endpoint from stdin, building meanwhile."""
     lines: queue.Queue = queue.Queue()
 
@@ -182,7 +280,7 @@ def _from_parent(stop: threading.Event, log) -> tuple[str, Parts | None] | None:
         msg = json.loads(line)
         if "config" in msg:
             try:
-                parts = prepare(msg["config"], warm=True)
+                parts = prepare(msg["config"], warm=True, sglang_urls=sglang_urls, log=log)
             except Exception as e:  # built again (and reported) when the Welcome brings the config
                 log(f"could not prepare from the parent's config: {type(e).__name__}: {e}")
         if "connect" in msg:
@@ -192,7 +290,7 @@ def _from_parent(stop: threading.Event, log) -> tuple[str, Parts | None] | None:
     return None
 
 
-def main(endpoint: str, actor_id: str, keys_dir: str) -> int:
+def main(endpoint: str, actor_id: str, keys_dir: str, sglang_urls: tuple[str, ...] = (), work_dir: str = "") -> int:
     stop = threading.Event()
 
     def handle(signum, frame):
@@ -203,8 +301,9 @@ def main(endpoint: str, actor_id: str, keys_dir: str) -> int:
     parts = None
     if endpoint == "-":
         got = _from_parent(stop, lambda text: print(f"cadence actor: {actor_id}: {text}", file=sys.stderr,
-                                                     flush=True))
+                                                     flush=True), tuple(sglang_urls))
         if got is None:
             return EXIT_OK
         endpoint, parts = got
-    return run_actor(endpoint, actor_id, keys_dir, stop, parts=parts)
+    return run_actor(endpoint, actor_id, keys_dir, stop, sglang_urls=tuple(sglang_urls), work_dir=work_dir,
+                     parts=parts)

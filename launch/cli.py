@@ -6,6 +6,7 @@
     cadence eval RUN_DIR                                greedy held-out evaluation of a finished run
     cadence experiment NAME [--quick] [key=value ...]   batch-invariance | throughput | decision-rule
     cadence actor --connect ENDPOINT [--keys DIR]       join a running learner as an actor process
+          [--sglang-url URL ...] [--work-dir DIR]       (engine=sglang: attach to servers, or launch them here)
     cadence keys DIR                                    write CurveZMQ keys (actors.keys_dir=DIR)
     cadence status RUN_DIR [--watch] [--json]           is the run healthy? (one screen)
     cadence report RUN_DIR [RUN_DIR ...] [--out FILE]   one self-contained HTML file of plots
@@ -67,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--keys", default="", metavar="DIR", help="CurveZMQ keys (server.key, client.key, "
                    "client.key_secret) when the learner listens with actors.keys_dir")
     a.add_argument("--id", default="", help="actor name, unique among the run's actors (default HOST-PID)")
+    a.add_argument("--sglang-url", action="append", default=[], metavar="URL",
+                   help="actors.engine=sglang: drive this running SGLang server instead of launching servers "
+                        "here (repeatable; weight sync 'disk')")
+    a.add_argument("--work-dir", default="", metavar="DIR",
+                   help="actors.engine=sglang: exported weights and server logs (default: a temporary directory)")
     k = sub.add_parser("keys", help="write a CurveZMQ key set for actors.keys_dir")
     k.add_argument("dir")
     s = sub.add_parser("status", help="state, progress, throughput and ETA of a run (exit code = state)")
@@ -308,7 +314,11 @@ def main(argv=None) -> int:
     if args.command == "actor":
         from launch.actor_process import default_actor_id, main as actor_main
 
-        return actor_main(args.connect, args.id or default_actor_id(), args.keys)
+        bad = [u for u in args.sglang_url if not u.startswith(("http://", "https://"))]
+        if bad:
+            return _fail(f"--sglang-url: must start with http:// or https://, got {bad[0]!r}", EXIT_CONFIG)
+        return actor_main(args.connect, args.id or default_actor_id(), args.keys, tuple(args.sglang_url),
+                          args.work_dir)
     if args.command == "keys":
         return cmd_keys(args)
     if args.command == "status":

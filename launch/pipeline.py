@@ -246,8 +246,18 @@ def start_actor_processes(cfg, run_dir: str, message, endpoint: str | None = Non
     tells them where to connect. With one, Pipeline.start() starts them."""
     a = cfg.actors
     sup = ActorSupervisor(a.processes, endpoint, run_dir, keys_dir=a.keys_dir, backoff=a.restart_backoff_seconds,
-                          message=message, config=config_dict)
+                          message=message, config=config_dict,
+                          extra_args=lambda actor_id: _process_args(a, run_dir, actor_id))
     return sup.start() if endpoint is None else sup
+
+
+def _process_args(a, run_dir: str, actor_id: str) -> list[str]:
+    """engine=sglang: each process's servers keep their files in its own folder (a restart reuses
+    its compilation cache); with processes=1, sglang.urls are that process's servers."""
+    if a.engine != "sglang":
+        return []
+    work_dir = os.path.join(a.sglang.work_dir or os.path.join(run_dir, "sglang"), actor_id)
+    return ["--work-dir", work_dir] + [arg for u in a.sglang.urls for arg in ("--sglang-url", u)]
 
 
 def _left(deadline: float) -> float:

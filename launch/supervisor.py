@@ -44,9 +44,11 @@ class _Child:
 class ActorSupervisor:
     def __init__(self, n: int, endpoint: str | None, run_dir: str, *, keys_dir: str = "", backoff: float = 1.0,
                  on_exit: Callable[[str, str], None] | None = None, message: Callable[[str], None] = print,
-                 config: dict | None = None):
+                 config: dict | None = None, extra_args: Callable[[str], list[str]] | None = None):
+        """extra_args(actor_id): more `cadence actor` arguments for that process (e.g. its SGLang work dir)."""
         self.endpoint, self.run_dir, self.keys_dir = endpoint, run_dir, keys_dir
         self.config = config  # handed to processes started before the endpoint is known
+        self.extra_args = extra_args or (lambda actor_id: [])
         self.base_backoff = backoff
         self.on_exit = on_exit or (lambda actor_id, reason: None)
         self.message = message
@@ -59,7 +61,7 @@ class ActorSupervisor:
 
     def command(self, actor_id: str) -> list[str]:
         cmd = [sys.executable, "-m", "launch.cli", "actor", "--connect", self.endpoint or "-", "--id", actor_id]
-        return cmd + (["--keys", self.keys_dir] if self.keys_dir else [])
+        return cmd + (["--keys", self.keys_dir] if self.keys_dir else []) + list(self.extra_args(actor_id))
 
     def start(self) -> "ActorSupervisor":
         os.makedirs(self.log_dir, exist_ok=True)

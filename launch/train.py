@@ -29,7 +29,7 @@ from launch.learner_group import LearnerProcesses  # [sharded learner]
 from launch.lifecycle import Lifecycle
 from launch.metrics import Progress
 from launch.pipeline import Pipeline, start_actor_processes
-from launch.policy import build_policy, export_policy, resolve_model_config
+from launch.policy import build_policy, export_policy, resolve_model_config, sglang_engine
 from launch.sinks import open_sinks
 from launch.recorder import Recorder, arrays_of
 from learner.checkpoint import Checkpointer
@@ -68,21 +68,6 @@ def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_
         loss = metrics["loss"]
     progress.message(f"supervised warm-up: {sft_cfg.steps} steps, final loss {float(loss):.3f}")
     return params, {"sft/loss": float(loss), "sft/steps": sft_cfg.steps}
-
-
-def _sglang_engine(cfg: Config, policy, run_dir: str, fetch=None):
-    """SGLang servers for the actors (held-out eval keeps the JaxEngine on the learner's params).
-    fetch: whole copies of some param arrays of a sharded learner (exports and sync buckets)."""
-    from actors.sglang.checkpoint import export_for_server
-    from actors.sglang.engine import SGLangEngine
-    from learner.models.hf_export import hf_tensors
-
-    sg = cfg.actors.sglang
-    return SGLangEngine(sg, max_new_tokens=cfg.engine.max_new_tokens, eos_id=policy.tokenizer.eos_id,
-                        pad_id=policy.tokenizer.pad_id, temperature=cfg.engine.temperature,
-                        top_p=cfg.engine.top_p, work_dir=sg.work_dir or os.path.join(run_dir, "sglang"),
-                        export_fn=lambda params, d: export_for_server(policy.model_cfg, params, d, fetch=fetch),
-                        tensors_fn=lambda params: hf_tensors(policy.model_cfg, params), gather_fn=fetch)
 
 
 def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_train_step=None,
@@ -147,9 +132,13 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
         batch_size = int(meta.get("batch_size", cfg.learner.batch_size))  # where the controller had moved B
         gate = AdmissionGate(batch_size, cfg.actors.max_staleness)
         gate.steps_taken, gate.issued = begin.step0, G * len(begin.ledger.queued)
-        actor_engine = engine if cfg.actors.engine == "jax" else _sglang_engine(cfg, policy, run_dir, procs.fetch)
+        # SGLang servers here only for actor threads; actor processes drive servers of their own
+        # (launch/actor_process.py), fed by the weight server like any actor process.
+        threads_drive_sglang = cfg.actors.engine == "sglang" and not cfg.actors.processes and cfg.actors.num_actors > 0
+        actor_engine = sglang_engine(cfg, policy, cfg.actors.sglang.work_dir or os.path.join(run_dir, "sglang"),
+                                     procs.fetch) if threads_drive_sglang else engine
         # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
-        publish = procs.publisher(whole=cfg.actors.engine == "jax" or cfg.actors.processes > 0)
+        publish = procs.publisher(whole=not threads_drive_sglang)
         pipe = Pipeline(cfg, run_dir, task, begin.stream, begin.ledger, gate,
                         InProcessWeights(publish(state.params), begin.step0),
                         actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), scorer,
@@ -230,7 +219,7 @@ def _enrich(cfg, pipe: Pipeline, loop: LearnerLoop, actor_engine, clock, begin):
         m.update(pm)
         m["queue/depth"] = pipe.queue.qsize()  # groups waiting for the learner (sinks: Prometheus)
         m.update({f"dropped/{reason}": n for reason, n in loop.dropped.items()})  # cumulative, by reason
-        if cfg.actors.engine == "sglang":  # cumulative counters: re-issues, misaligned responses, restarts, syncs
+        if getattr(actor_engine, "name", "") == "sglang":  # SGLang in this process (actor threads): cumulative counters
             m.update({f"sglang/{k}": v for k, v in dataclasses.asdict(actor_engine.stats).items()})
         last.update(t=now, tokens=tokens)
 

@@ -91,6 +91,7 @@ class ActorRecord:
     tokens: int = 0
     groups: int = 0
     generate_seconds: float = 0.0  # engine time of the groups received
+    engine_stats: dict[str, float] = dataclasses.field(default_factory=dict)  # its engine's counters (heartbeats)
     rate_mark: tuple[float, int] = (0.0, 0)  # (time, samples) at the last metrics read
 
     @property
@@ -152,6 +153,7 @@ class Dispatcher:
             if msg.phase != rec.phase:
                 rec.phase, rec.phase_since = msg.phase, now - msg.phase_seconds
             rec.version = msg.version
+            rec.engine_stats = msg.engine_stats
             return []
         if isinstance(msg, Goodbye):
             self._expel(rec, f"left: {msg.reason}" if msg.reason else "left", msg.error)
@@ -201,6 +203,7 @@ class Dispatcher:
         rec.samples += len(group.rewards)
         rec.tokens += group.timings.num_tokens
         rec.generate_seconds += group.timings.generate_seconds  # the engine call's time, shared by its groups
+        self.counts[f"groups/{group.timings.engine}"] += 1  # which engines made the samples
         self.deliver(group)
         return []
 
@@ -294,12 +297,13 @@ class Dispatcher:
         return dict(self.retired + live)
 
     def metrics(self, now: float) -> dict:
-        """actors/* for the run's metrics: alive, re-issued, late groups, and per actor: samples/s,
-        prompts in flight, heartbeat age, version lag, phase."""
+        """actors/* for the run's metrics: alive, re-issued, late groups, groups by engine, and per
+        actor: samples/s, prompts in flight, heartbeat age, version lag, phase, its engine's counters."""
         version = self.version_fn()
         out = {"actors/alive": len(self.actors), "actors/reissued": self.counts["reissued"],
                "actors/late_groups": self.counts["late_groups"], "actors/gone": self.counts["gone"],
                "actors/joined": self.counts["joined"]}
+        out.update({f"actors/{k}": n for k, n in self.counts.items() if k.startswith("groups/")})  # actors/groups/sglang
         for rec in self.actors.values():
             t0, s0 = rec.rate_mark
             key = f"actor/{rec.actor_id}"
@@ -307,6 +311,7 @@ class Dispatcher:
             out[f"{key}/in_flight"] = rec.in_flight
             out[f"{key}/heartbeat_age"] = now - rec.last_seen
             out[f"{key}/version_lag"] = version - rec.version if rec.version >= 0 else None
+            out.update({f"{key}/{name}": v for name, v in rec.engine_stats.items()})  # e.g. actor/proc-0/sglang/syncs
             rec.rate_mark = (now, rec.samples)
         return out
 

@@ -57,6 +57,7 @@ class DispatcherClient:
         self.stop_reason = ""  # set by a Control(stop) from the learner
         self.generate_seconds = 0.0  # cumulative, reported in heartbeats
         self.version = -1  # weights version this actor holds, reported in heartbeats
+        self.engine_stats: dict[str, float] = {}  # its engine's counters, reported in heartbeats
         self.resets = 0
         self.bad_messages = 0
         self._phase, self._phase_since = "idle", time.monotonic()
@@ -175,7 +176,8 @@ class DispatcherClient:
     def _heartbeat(self, now: float) -> bytes:
         return self.codec.encode(Heartbeat(sender=self.actor_id, session=self.session, version=max(self.version, 0),
                                            phase=self._phase, phase_seconds=now - self._phase_since,
-                                           generate_seconds=self.generate_seconds))
+                                           generate_seconds=self.generate_seconds,
+                                           engine_stats=self.engine_stats))
 
     def _send(self, data: bytes) -> bool:
         try:

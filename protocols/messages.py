@@ -355,6 +355,12 @@ class Heartbeat(_Message, kw_only=True, tag="heartbeat"):
     phase: str = ""  # actor: idle | weights | generating | scoring | sending
     phase_seconds: float = 0.0  # actor: how long it has been in that phase
     generate_seconds: float = 0.0  # actor: cumulative time inside engine calls
+    engine_stats: dict[str, float] = {}  # actor: its engine's cumulative counters, e.g. {"sglang/syncs": 3.0}
+
+    def validate(self) -> None:
+        for name, v in self.engine_stats.items():
+            if not math.isfinite(v):
+                raise InvalidMessage(f"Heartbeat.engine_stats[{name!r}]: must be finite, got {v}")
 
 
 class Goodbye(_Message, kw_only=True, tag="goodbye"):

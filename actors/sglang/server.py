@@ -5,7 +5,9 @@
     server.start("/run/sglang/v0")        # returns at once; wait_healthy() blocks until it serves
     server.restart("/run/sglang/v3")      # weight sync for engines without an update endpoint
 
-The process gets its own session (process group), so kill() takes its workers with it.
+The process gets its own session (process group), so kill() takes its workers with it, and the
+group dies with the process that launched it (die_with_parent): a `kill -9` of an actor process
+leaves no server or worker holding its port and memory.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +41,36 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# A watcher in the server's python, leader of the server's process group: it starts the server as
+# its child and exits with its status. When the thread that launched it dies (even by SIGKILL) the
+# kernel sends it SIGTERM (PR_SET_PDEATHSIG, 1), and on SIGTERM it SIGKILLs its whole group: the
+# server and every worker it started, also those still starting (sglang's workers arm their own
+# parent-death signal only once their imports are done, and its resource tracker ignores SIGTERM).
+# A launcher already gone before prctl ran is caught by the getppid() check; the server dies with
+# the watcher too (the watcher is single-threaded, so its preexec_fn is safe).
+_WATCHER = """import ctypes, os, signal, subprocess, sys
+prctl = ctypes.CDLL(None, use_errno=True).prctl
+def end(*_):
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGTERM, end)
+prctl(1, signal.SIGTERM, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    end()
+server = subprocess.Popen(sys.argv[2:], preexec_fn=lambda: prctl(1, signal.SIGKILL, 0, 0, 0))
+code = server.wait()
+os._exit(code if code >= 0 else 128 - code)
+"""
+
+
+def die_with_parent(command: list[str]) -> list[str]:
+    """command, run under a watcher that kills its process group when the THREAD that starts it dies
+    (Linux's parent-death signal belongs to the forking thread: SGLangEngine starts servers on its
+    event loop's executor threads, which live until close()). Elsewhere than Linux: the command as it is."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [command[0], "-c", _WATCHER, str(os.getpid()), *command]
 
 
 class ServerStartError(RuntimeError):
@@ -75,7 +108,7 @@ class ServerProcess:
         log = open(self.log_path, "ab")
         log.write(f"\n=== start {self.starts}: {' '.join(self.command(model_dir))}\n".encode())
         log.flush()
-        self.proc = subprocess.Popen(self.command(model_dir), stdout=log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(die_with_parent(self.command(model_dir)), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
                                      start_new_session=True)
         log.close()
@@ -114,11 +147,11 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
-        else:  # the leader is gone; workers it left in the group must go too
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        # Workers left in the group (some ignore SIGTERM, e.g. multiprocessing's resource tracker) go too.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not exit."""

@@ -42,6 +42,13 @@ class WeightSync:
             return True
         return min_version is None
 
+    def forget_weights(self) -> None:
+        """The learner restarted, and its resumed run may be older than what the servers hold: the
+        next sync_weights() brings every server to the version it is given, whatever it held."""
+        with self._sync_lock:
+            for s in self.servers:
+                s.version = None
+
     def sync_weights(self, params, version: int, min_version: int | None = None) -> bool:
         """Brings every server to ``version`` when needed; returns whether it synced.
 

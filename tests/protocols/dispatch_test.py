@@ -162,8 +162,10 @@ def test_metrics_per_actor():
     r.hello(A, "a", now=0.0)
     (_, grant), = r.request(A, "a", 2)
     r.core.handle(A, r.group(grant, 0), 1.0)
-    r.core.handle(A, Heartbeat(sender="a", version=0, phase="generating"), 1.5)
+    r.core.handle(A, Heartbeat(sender="a", version=0, phase="generating", engine_stats={"sglang/syncs": 2.0}), 1.5)
     r.version = 3
     m = r.core.metrics(2.0)
     assert m["actors/alive"] == 1 and m["actor/a/in_flight"] == 1 and m["actor/a/version_lag"] == 3
     assert m["actor/a/samples_per_second"] == pytest.approx(G / 2.0) and m["actor/a/heartbeat_age"] == 0.5
+    # an actor process's engine counters (its heartbeats) and the engine that made each group
+    assert m["actor/a/sglang/syncs"] == 2.0 and m["actors/groups/jax"] == 1 and "actors/groups/sglang" not in m

@@ -194,7 +194,7 @@ def test_message_types_have_distinct_tags_in_the_type_field():
                         concurrency=1),
                 WorkRequest(actor_id="a", capacity=1),
                 Grant(grant_id="g", prompt_indices=[4], prompt_ids=["t/train/4"], version=0, min_version=0),
-                Heartbeat(sender="a"), Goodbye(actor_id="a"), Reset(session="s")]
+                Heartbeat(sender="a", engine_stats={"sglang/syncs": 2.0}), Goodbye(actor_id="a"), Reset(session="s")]
     assert [type(m) for m in examples] == list(MESSAGE_TYPES)
     tags = [msgspec.to_builtins(m)["type"] for m in examples]
     assert tags == ["rollout_group", "weights_published", "weights_request", "control", "hello", "welcome",
@@ -210,6 +210,7 @@ def test_message_types_have_distinct_tags_in_the_type_field():
     (lambda: Grant(grant_id="g", prompt_indices=[1, 2], prompt_ids=["x"], version=0, min_version=0),
      "Grant.prompt_ids"),
     (lambda: WorkRequest(actor_id="a", capacity=0), "WorkRequest.capacity"),
+    (lambda: Heartbeat(sender="a", engine_stats={"sglang/syncs": float("nan")}), "Heartbeat.engine_stats"),
 ])
 def test_dispatcher_messages_name_the_bad_field(make, field):
     with pytest.raises(InvalidMessage, match=field):
