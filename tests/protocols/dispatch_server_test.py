@@ -1,6 +1,7 @@
 """The dispatcher over real ZeroMQ sockets (inproc and tcp on 127.0.0.1): clients join, get grants,
 send groups; bad bytes are counted and dropped; Curve keeps strangers out; a restarted learner is
 rejoined with no work carried across."""
+import functools
 import threading
 import time
 
@@ -100,11 +101,15 @@ def test_big_and_small_groups_alternate_intact_over_tcp(ctx):
     learner.server.stop()
 
 
-def test_a_burst_over_the_high_water_mark_is_sent_without_waiting_for_a_heartbeat(ctx):
-    # The learner reads nothing while the actor queues 2500 groups of ~10 KB: more than ZeroMQ's
-    # high-water marks (1000 messages a side) and the kernel's buffers hold. Once it reads again,
-    # the actor's I/O thread must resume sending when the socket has room, not at its next
-    # heartbeat or the learner's (30 s each here; it did wait for one).
+def test_a_burst_over_the_high_water_mark_is_sent_without_waiting_for_a_heartbeat(ctx, monkeypatch):
+    # The learner reads nothing while the actor queues 2500 groups of ~38 KB: more than ZeroMQ's
+    # high-water marks (the actor's lowered to 10 messages, the learner's 1000) and the kernel's
+    # buffers hold, with room to spare (with 1000 a side the kernel's buffers took nearly all of
+    # it). Once it reads again, the actor's I/O thread must resume sending when the socket has
+    # room, not at its next heartbeat or the learner's (30 s each here; it did wait for one).
+    import protocols.dispatch_client as dispatch_client
+    monkeypatch.setattr(dispatch_client, "client_socket",
+                        functools.partial(dispatch_client.client_socket, hwm=10))
     learner = Learner(ctx, heartbeat_seconds=30.0, heartbeat_timeout_seconds=120.0)
     learner.gate.batch_size = 10_000  # room to admit the whole burst
     stop = threading.Event()
