@@ -2,7 +2,6 @@
 of the run's config (its own servers), and what the supervisor tells each process. The real servers
 run in tests/e2e/sglang_processes_test.py."""
 import os
-import types
 
 import pytest
 
@@ -10,7 +9,7 @@ from actors.config import ActorsConfig, SGLangConfig
 from launch import config_loader
 from launch.actor_process import local_sglang
 from launch.config import Config
-from launch.pipeline import Pipeline
+from launch import pipeline
 from launch.supervisor import ActorSupervisor
 
 
@@ -74,8 +73,7 @@ def test_a_restarted_process_removes_the_checkpoints_its_predecessor_exported(tm
 
 def test_each_supervised_process_gets_its_own_work_dir_and_the_runs_servers(tmp_path):
     def args(actors):
-        pipe = types.SimpleNamespace(cfg=actors, run_dir=str(tmp_path))
-        return Pipeline._process_args(pipe, "proc-1")
+        return pipeline._process_args(actors, str(tmp_path), "proc-1")
 
     assert args(ActorsConfig(processes=1)) == []  # the built-in engine needs none
     assert args(ActorsConfig(engine="sglang", processes=2)) == ["--work-dir", str(tmp_path / "sglang" / "proc-1")]

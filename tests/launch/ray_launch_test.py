@@ -6,7 +6,6 @@ resource `head_node`, the worker node `worker_node`; the configs put the learner
 the actors on the worker through launch.learner_resources / launch.actor_resources.
 Run with `python -m pytest -m ray` (root needed for the namespace; .ci/run does it).
 """
-import json
 import os
 import shutil
 import signal
@@ -18,93 +17,10 @@ import time
 import pytest
 
 from launch import ray_status
-from launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, enter_private_network, listening_sockets
-from tests import waiting
+from launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE, listening_sockets
+from tests.launch.ray_cluster import PLACE, ROOT, SHORT, _logs, finish, launch, node_ids, status, wait_for
 
 pytestmark = pytest.mark.ray
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLACE = [f"launch.learner_resources=[{HEAD_RESOURCE}=0.1]", f"launch.actor_resources=[{WORKER_RESOURCE}=0.1]"]
-SHORT = ["learner.sft.steps=5", "task.heldout_size=32", "run.progress=false", "run.eval_every=1000",
-         "checkpoint.every_steps=4", "checkpoint.keep=50"]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    enter_private_network()
-    with LocalCluster(cpus=2) as c:
-        yield c
-
-
-@pytest.fixture
-def cluster_up(cluster):
-    if cluster.worker is None or cluster.worker.poll() is not None:
-        cluster.start_worker()  # an earlier test took the worker node away
-    return cluster
-
-
-_DRIVERS: list[subprocess.Popen] = []
-
-
-@pytest.fixture(autouse=True)
-def _stop_drivers(run_dir):  # (after run_dir: torn down before it is removed)
-    yield
-    while _DRIVERS:  # a failed test leaves its launch running: stop it (it stops what it placed)
-        proc = _DRIVERS.pop()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def launch(cluster, run_dir, *overrides) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    log = open(os.path.join(os.path.dirname(run_dir), "driver.log"), "w")
-    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "launch", "ray", "--address", cluster.address,
-                             f"run.dir={run_dir}", *overrides], stdout=subprocess.PIPE, stderr=log, text=True,
-                            env=env, cwd=ROOT)
-    _DRIVERS.append(proc)
-    return proc
-
-
-def finish(proc, run_dir, timeout) -> dict:
-    out, _ = proc.communicate(timeout=timeout)
-    driver_log = open(os.path.join(os.path.dirname(run_dir), "driver.log")).read()
-    assert proc.returncode == 0, driver_log[-3000:] + _logs(run_dir)
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def _logs(run_dir) -> str:
-    d = os.path.join(run_dir, "logs")
-    if not os.path.isdir(d):
-        return ""
-    return "".join(f"\n--- {n}\n" + open(os.path.join(d, n), errors="replace").read()[-2000:] for n in os.listdir(d))
-
-
-def status(run_dir) -> dict:
-    try:
-        return ray_status.read_status(run_dir)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
-def wait_for(pred, timeout, what, proc=None):
-    return waiting.wait_for(pred, timeout, what, proc, interval=1.0)  # status reads are slow: poll gently
-
-
-def node_ids(st) -> dict:
-    """resource name -> node id, from the status' node list."""
-    return {r: n["node_id"] for n in st["nodes"] if n["alive"] for r in (HEAD_RESOURCE, WORKER_RESOURCE)
-            if r in n["resources"]}
-
-
-@pytest.fixture
-def run_dir():
-    d = tempfile.mkdtemp(prefix="cadence-ray-")
-    yield os.path.join(d, "run")
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_sort6_to_target_learner_on_head_actors_on_worker(cluster_up, run_dir):
