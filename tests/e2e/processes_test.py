@@ -14,6 +14,7 @@ import time
 import pytest
 
 from launch.metrics import read_metrics
+from tests.proc_table import processes
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -42,20 +43,8 @@ def step_at_least(run_dir, n):
 
 def actor_pids(parent: int) -> dict:
     """{actor_id: pid} of `cadence actor` children of the learner process."""
-    out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline") as f:
-                argv = f.read().split("\0")
-        except OSError:
-            continue
-        if ppid == parent and "actor" in argv and "--id" in argv:
-            out[argv[argv.index("--id") + 1]] = int(pid)
-    return out
+    return {argv[argv.index("--id") + 1]: pid for pid, (ppid, _, argv, _) in processes().items()
+            if ppid == parent and "actor" in argv and "--id" in argv}
 
 
 def finish(proc, timeout=600):

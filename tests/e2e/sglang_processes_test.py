@@ -16,6 +16,7 @@ import pytest
 
 from actors.sglang.testing import SKIP_REASON, sglang_python
 from launch.metrics import read_metrics
+from tests.proc_table import processes
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, pytest.mark.skipif(not sglang_python(), reason=SKIP_REASON)]
@@ -52,23 +53,6 @@ def train():
                 p.communicate(timeout=120)
             except subprocess.TimeoutExpired:
                 p.kill()
-
-
-def processes() -> dict[int, tuple[int, int, list[str], str]]:
-    """{pid: (ppid, process group, argv, state)} of every process now."""
-    out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline") as f:
-                argv = f.read().split("\0")
-        except OSError:
-            continue
-        out[int(pid)] = (int(fields[1]), int(fields[2]), argv, fields[0])
-    return out
 
 
 def living(pids) -> set[int]:

@@ -32,6 +32,12 @@ def launch(cluster, run_dir, *overrides) -> subprocess.Popen:
     return proc
 
 
+def stop_launch(run_dir) -> None:
+    """`cadence launch ray --stop RUN_DIR`, as a user stops a run."""
+    subprocess.run([sys.executable, "-m", "launch.cli", "launch", "ray", "--stop", run_dir], check=True, cwd=ROOT,
+                   env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True)
+
+
 def finish(proc, run_dir, timeout) -> dict:
     out, _ = proc.communicate(timeout=timeout)
     driver_log = open(os.path.join(os.path.dirname(run_dir), "driver.log")).read()

@@ -9,8 +9,6 @@ Run with `python -m pytest -m ray` (root needed for the namespace; .ci/run does 
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -18,7 +16,8 @@ import pytest
 
 from launch import ray_status
 from launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE, listening_sockets
-from tests.launch.ray_cluster import PLACE, ROOT, SHORT, _logs, finish, launch, node_ids, status, wait_for
+from tests.launch.ray_cluster import (PLACE, SHORT, _logs, finish, launch, node_ids, status, stop_launch,
+                                       wait_for)
 
 pytestmark = pytest.mark.ray
 
@@ -89,8 +88,7 @@ def test_kill_actor_kill_learner_lose_worker_node_ledger_clean(cluster_up, run_d
     s2 = step()
     wait_for(lambda: step() >= s2 + 3, 900, "steps with the actors back", proc)
 
-    subprocess.run([sys.executable, "-m", "launch.cli", "launch", "ray", "--stop", run_dir], check=True, cwd=ROOT,
-                   env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True)
+    stop_launch(run_dir)
     summary = finish(proc, run_dir, timeout=600)
     assert summary["preempted"] and ray_status.read_status(run_dir)["state"] == "stopped"
     assert summary["steps"] >= s2 + 3
@@ -166,8 +164,7 @@ def test_elastic_learner_grows_back_when_the_node_returns(cluster_up, run_dir):
              600, "the group back on two processes", proc)
     s1 = step()
     wait_for(lambda: step() >= s1 + 3, 900, "steps on two processes again", proc)
-    subprocess.run([sys.executable, "-m", "launch.cli", "launch", "ray", "--stop", run_dir], check=True, cwd=ROOT,
-                   env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True)
+    stop_launch(run_dir)
     summary = finish(proc, run_dir, timeout=600)
     assert summary["samples"] == 8 * summary["ledger"]["consumed"]
     assert summary["launch"]["learner_restarts"] == 1  # the loss; growing back is not a failure

@@ -5,8 +5,6 @@ caught up to the newest weights before it asks for work. Real two-node Ray clust
 network namespace (as ray_launch_test.py), real sglang-jax server ($CADENCE_SGLANG_PYTHON)."""
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,8 +13,9 @@ from actors.sglang.testing import SKIP_REASON, sglang_python
 from launch import ray_status
 from launch.metrics import read_metrics
 from launch.ray_local import WORKER_RESOURCE
-from tests.e2e.sglang_processes_test import living, processes, servers_of
-from tests.launch.ray_cluster import PLACE, ROOT, finish, launch, node_ids, status, wait_for
+from tests.e2e.sglang_processes_test import living, servers_of
+from tests.launch.ray_cluster import PLACE, finish, launch, node_ids, status, stop_launch, wait_for
+from tests.proc_table import processes
 
 pytestmark = [pytest.mark.ray, pytest.mark.sglang, pytest.mark.skipif(not sglang_python(), reason=SKIP_REASON)]
 
@@ -67,8 +66,7 @@ def test_sglang_server_beside_its_actor_on_the_worker_node_and_back_after_kill9(
     s0 = step()
     wait_for(lambda: step() >= s0 + 2, 1200, "steps with the new server", proc)
 
-    subprocess.run([sys.executable, "-m", "launch.cli", "launch", "ray", "--stop", run_dir], check=True, cwd=ROOT,
-                   env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True)
+    stop_launch(run_dir)
     summary = finish(proc, run_dir, timeout=900)
     assert summary["preempted"] and ray_status.read_status(run_dir)["state"] == "stopped"
     assert summary["samples"] == G * summary["ledger"]["consumed"]  # the ledger verified at the end of train()
