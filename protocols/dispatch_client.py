@@ -71,6 +71,7 @@ class DispatcherClient:
         self._thread = threading.Thread(target=self._run, name=f"{actor_id}-io", daemon=True)
         self._last_heard = 0.0
         self._linger_ms = 0
+        self._close_by = float("inf")  # close(): the I/O thread gives up sending what is left by then
         self._host, self._pid = socket.gethostname(), os.getpid()
 
     # -- the worker's side ----------------------------------------------------------------------
@@ -132,6 +133,8 @@ class DispatcherClient:
         if self._closing.is_set():
             return
         self._linger_ms = int(timeout * 1000)
+        # The I/O thread gives up a little before the join below does, so it is gone when close() returns.
+        self._close_by = time.monotonic() + max(timeout - 0.2, timeout / 2)
         if self._thread.is_alive():  # the I/O thread owns the socket: it sends the Goodbye and closes
             if self.session:
                 self._queue(Goodbye(actor_id=self.actor_id, reason=reason, error=error))
@@ -210,7 +213,9 @@ class DispatcherClient:
                 if not self._send(self._out[0]):
                     break
                 self._out.popleft()
-            if self._closing.is_set() and not self._out:
+            # Closing: done once all is sent, or when the learner has stopped taking messages for
+            # the whole grace (the caller stops waiting then and may tear the context down).
+            if self._closing.is_set() and (not self._out or now >= self._close_by):
                 return
             # Messages left over: the high-water mark was reached. Wake as soon as the socket takes
             # more, not at the next heartbeat (a burst of groups stalled for heartbeat_seconds).
@@ -218,7 +223,8 @@ class DispatcherClient:
             if want != watching:
                 poller.modify(self._sock, want)
                 watching = want
-            events = dict(poller.poll(timeout=max(1, int((next_beat - time.monotonic()) * 1000))))
+            wake_at = min(next_beat, self._close_by)
+            events = dict(poller.poll(timeout=max(1, int((wake_at - time.monotonic()) * 1000))))
             if events.get(self._wake_r):
                 self._wake_pending = False  # before reading: a wake after this point writes again
                 os.read(self._wake_r, 4096)

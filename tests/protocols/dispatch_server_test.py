@@ -131,6 +131,32 @@ def test_a_burst_over_the_high_water_mark_is_sent_without_waiting_for_a_heartbea
     c.close()
     learner.server.stop()
 
+def test_close_while_the_learner_takes_nothing_ends_the_io_thread_in_time(ctx, monkeypatch):
+    # A stopping learner no longer reads; groups above the high-water mark cannot leave. close()
+    # must still end the I/O thread within its timeout (it looped on, and the caller's context
+    # teardown then closed the socket under its poll: "Socket operation on non-socket").
+    import protocols.dispatch_client as dispatch_client
+    monkeypatch.setattr(dispatch_client, "client_socket",
+                        functools.partial(dispatch_client.client_socket, hwm=10))
+    learner = Learner(ctx, heartbeat_seconds=30.0, heartbeat_timeout_seconds=120.0)
+    learner.gate.batch_size = 10_000
+    c = DispatcherClient(learner.server.endpoint, "stuck", 2500, ctx=ctx, heartbeat_seconds=30.0,
+                         learner_timeout_seconds=120.0).start()
+    assert c.wait_welcome(5) is not None
+    grant = c.request(2500, threading.Event(), timeout=10)
+    base = answer(grant, 0)
+    groups = [msgspec.structs.replace(base, prompt_id=pid, completion_tokens=[[3] * 600] * G,
+                                      behavior_logprobs=[[-1.0] * 600] * G) for pid in grant.prompt_ids]
+    with learner.server.lock:  # the dispatcher thread cannot read while we hold its lock
+        assert c.send_groups(groups, grant)
+        assert wait_for(lambda: len(c._out) > 0 and c._out[0] is not None, timeout=2)
+        time.sleep(0.5)
+        assert len(c._out) > 0  # stuck above the high-water mark
+        c.close(timeout=1.0)
+        assert not c._thread.is_alive()
+    learner.server.stop()
+
+
 def test_bad_bytes_are_counted_and_dropped_and_the_server_keeps_serving(ctx):
     learner = Learner(ctx, max_bytes=4096)
     raw = ctx.socket(zmq.DEALER)
