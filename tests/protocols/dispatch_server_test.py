@@ -1,6 +1,7 @@
 """The dispatcher over real ZeroMQ sockets (inproc and tcp on 127.0.0.1): clients join, get grants,
 send groups; bad bytes are counted and dropped; Curve keeps strangers out; a restarted learner is
 rejoined with no work carried across."""
+import contextlib
 import functools
 import threading
 import time
@@ -101,22 +102,21 @@ def test_big_and_small_groups_alternate_intact_over_tcp(ctx):
     learner.server.stop()
 
 
-def test_a_burst_over_the_high_water_mark_is_sent_without_waiting_for_a_heartbeat(ctx, monkeypatch):
-    # The learner reads nothing while the actor queues 2500 groups of ~38 KB: more than ZeroMQ's
-    # high-water marks (the actor's lowered to 10 messages, the learner's 1000) and the kernel's
-    # buffers hold, with room to spare (with 1000 a side the kernel's buffers took nearly all of
-    # it). Once it reads again, the actor's I/O thread must resume sending when the socket has
-    # room, not at its next heartbeat or the learner's (30 s each here; it did wait for one).
+@contextlib.contextmanager
+def burst_the_learner_does_not_read(ctx, monkeypatch):
+    """Inside: the learner reads nothing while its actor has queued 2500 groups of ~38 KB, more
+    than ZeroMQ's high-water marks (the actor's lowered to 10 messages, the learner's 1000) and the
+    kernel's buffers hold, with room to spare (with 1000 a side the kernel's buffers took nearly
+    all of it): messages wait in the client. Yields (learner, client, grant)."""
     import protocols.dispatch_client as dispatch_client
     monkeypatch.setattr(dispatch_client, "client_socket",
                         functools.partial(dispatch_client.client_socket, hwm=10))
     learner = Learner(ctx, heartbeat_seconds=30.0, heartbeat_timeout_seconds=120.0)
     learner.gate.batch_size = 10_000  # room to admit the whole burst
-    stop = threading.Event()
     c = DispatcherClient(learner.server.endpoint, "burst", 2500, ctx=ctx, heartbeat_seconds=30.0,
                          learner_timeout_seconds=120.0).start()
     assert c.wait_welcome(5) is not None
-    grant = c.request(2500, stop, timeout=10)
+    grant = c.request(2500, threading.Event(), timeout=10)
     assert grant is not None and len(grant.prompt_ids) == 2500
     base = answer(grant, 0)
     groups = [msgspec.structs.replace(base, prompt_id=pid, completion_tokens=[[3] * 600] * G,
@@ -126,32 +126,25 @@ def test_a_burst_over_the_high_water_mark_is_sent_without_waiting_for_a_heartbea
         assert wait_for(lambda: len(c._out) > 0 and c._out[0] is not None, timeout=2)
         time.sleep(0.5)  # let the I/O thread hit the high-water mark
         assert len(c._out) > 0  # it did: messages wait in the client
-    got = [learner.queue.get(timeout=15) for _ in range(len(groups))]
+        yield learner, c, grant
+
+
+def test_a_burst_over_the_high_water_mark_is_sent_without_waiting_for_a_heartbeat(ctx, monkeypatch):
+    # Once the learner reads again, the actor's I/O thread must resume sending when the socket has
+    # room, not at its next heartbeat or the learner's (30 s each here; it did wait for one).
+    with burst_the_learner_does_not_read(ctx, monkeypatch) as (learner, c, grant):
+        pass
+    got = [learner.queue.get(timeout=15) for _ in range(len(grant.prompt_ids))]
     assert None not in got and [g.prompt_id for g in got] == grant.prompt_ids
     c.close()
     learner.server.stop()
+
 
 def test_close_while_the_learner_takes_nothing_ends_the_io_thread_in_time(ctx, monkeypatch):
     # A stopping learner no longer reads; groups above the high-water mark cannot leave. close()
     # must still end the I/O thread within its timeout (it looped on, and the caller's context
     # teardown then closed the socket under its poll: "Socket operation on non-socket").
-    import protocols.dispatch_client as dispatch_client
-    monkeypatch.setattr(dispatch_client, "client_socket",
-                        functools.partial(dispatch_client.client_socket, hwm=10))
-    learner = Learner(ctx, heartbeat_seconds=30.0, heartbeat_timeout_seconds=120.0)
-    learner.gate.batch_size = 10_000
-    c = DispatcherClient(learner.server.endpoint, "stuck", 2500, ctx=ctx, heartbeat_seconds=30.0,
-                         learner_timeout_seconds=120.0).start()
-    assert c.wait_welcome(5) is not None
-    grant = c.request(2500, threading.Event(), timeout=10)
-    base = answer(grant, 0)
-    groups = [msgspec.structs.replace(base, prompt_id=pid, completion_tokens=[[3] * 600] * G,
-                                      behavior_logprobs=[[-1.0] * 600] * G) for pid in grant.prompt_ids]
-    with learner.server.lock:  # the dispatcher thread cannot read while we hold its lock
-        assert c.send_groups(groups, grant)
-        assert wait_for(lambda: len(c._out) > 0 and c._out[0] is not None, timeout=2)
-        time.sleep(0.5)
-        assert len(c._out) > 0  # stuck above the high-water mark
+    with burst_the_learner_does_not_read(ctx, monkeypatch) as (learner, c, _):
         c.close(timeout=1.0)
         assert not c._thread.is_alive()
     learner.server.stop()
