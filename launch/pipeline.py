@@ -54,7 +54,7 @@ class Pipeline:
         self.keys = CurveKeys.load(a.keys_dir) if a.keys_dir else None
         self._failures: list[str] = []  # fatal: a thread actor failed or hung (threads cannot be restarted)
         self._thread_ids: set[str] = set()
-        self.supervisor: ActorSupervisor | None = None
+        self.supervisor = supervisor  # actors.processes, started with the run (start_actor_processes)
         listen, weights_listen = self._endpoints(a.listen)
         self.weight_server = WeightServer(weights_listen, ctx=self.ctx, keys=self.keys, key_name="actors.keys_dir") \
             if listen else None
@@ -91,12 +91,8 @@ class Pipeline:
             self.actors.append(Actor(actor_id, engine, task, client, weights, cfg.learner.group_size,
                                      a.prompts_per_call, a.seed, scorer=scorer))
             self._thread_ids.add(actor_id)
-        if supervisor is not None:  # started early (start_actor_processes): they join at start()
-            self.supervisor = supervisor
+        if supervisor is not None:
             supervisor.on_exit = self._process_exited
-        elif a.processes:
-            self.supervisor = start_actor_processes(cfg, run_dir, progress.message, endpoint=self.endpoint)
-            self.supervisor.on_exit = self._process_exited
 
     def _endpoints(self, listen: str) -> tuple[str, str]:
         """Where to listen: a resume keeps the ports it had, so actors outside reconnect."""
@@ -125,11 +121,8 @@ class Pipeline:
             t = threading.Thread(target=self._run_thread, args=(actor,), name=actor.actor_id, daemon=True)
             t.start()
             self._threads.append(t)
-        if self.supervisor is not None:
-            if self.supervisor.endpoint is None:
-                self.supervisor.connect(self.endpoint)
-            else:
-                self.supervisor.start()
+        if self.supervisor is not None:  # the processes prepared meanwhile: now they join
+            self.supervisor.connect(self.endpoint)
         return self
 
     def _run_thread(self, actor: Actor) -> None:
@@ -239,16 +232,14 @@ class Pipeline:
         self.server.call(lambda core: core.expel(actor_id, reason, error=True) or [])
 
 
-def start_actor_processes(cfg, run_dir: str, message, endpoint: str | None = None,
-                          config_dict: dict | None = None) -> ActorSupervisor:
-    """cfg.actors.processes actor processes. Without an endpoint they start now and prepare from
-    config_dict (model, engine, compiled generation) while the learner builds; Pipeline.start()
-    tells them where to connect. With one, Pipeline.start() starts them."""
+def start_actor_processes(cfg, run_dir: str, message, config_dict: dict) -> ActorSupervisor:
+    """cfg.actors.processes actor processes, started now: they prepare from config_dict (model,
+    engine, compiled generation) while the learner builds, and join when Pipeline.start() hands
+    them the endpoint."""
     a = cfg.actors
-    sup = ActorSupervisor(a.processes, endpoint, run_dir, keys_dir=a.keys_dir, backoff=a.restart_backoff_seconds,
-                          message=message, config=config_dict,
-                          extra_args=lambda actor_id: _process_args(a, run_dir, actor_id))
-    return sup.start() if endpoint is None else sup
+    return ActorSupervisor(a.processes, None, run_dir, keys_dir=a.keys_dir, backoff=a.restart_backoff_seconds,
+                           message=message, config=config_dict,
+                           extra_args=lambda actor_id: _process_args(a, run_dir, actor_id)).start()
 
 
 def _process_args(a, run_dir: str, actor_id: str) -> list[str]:
