@@ -192,6 +192,13 @@ class DispatcherClient:
     def _run(self) -> None:
         try:
             self._loop()
+        except zmq.ZMQError as e:
+            if e.errno not in (zmq.ENOTSOCK, zmq.ETERM):
+                raise
+            # The owner tore the context down under us (close() gave up on a starved thread, or
+            # was never called): the client is closed; a waiting worker hears why and stops.
+            self.stop_reason = self.stop_reason or "the actor's ZeroMQ context was closed"
+            self._closing.set()
         finally:  # the Goodbye (if any) gets the linger time to leave
             self._shut(self._linger_ms if self.session else 0)
 

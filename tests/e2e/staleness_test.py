@@ -21,8 +21,13 @@ def test_slow_learner_never_trains_on_samples_beyond_the_bound(eta, small_config
     else:
         # the slow learner lets the actors run ahead: the bound is reached, not just respected
         assert max(m["staleness/max"] for m in steps) == eta
-    # admission keeps samples fresh: the consumption-time filter has nothing to drop
-    assert all(m["dropped_stale"] == 0 for m in steps)
+    # Admission keeps samples fresh, so the consumption-time filter has next to nothing to drop.
+    # Not always nothing: groups arrive in the order actors finish, not the order they were
+    # admitted, and a group admitted for the last step the bound allows that a later one overtakes
+    # lands one step late (a loaded CI machine did this once). A gate that let the actors run
+    # further ahead of this slow learner would have the filter drop most of what they make.
+    dropped = [m["dropped_stale"] for m in steps]
+    assert sum(dropped) < steps[0]["batch_size"] // 8, dropped  # under one batch of groups in 12
     # each actor reports the weights it generates with: its lag stays near the bound, not the step
     lags = [steps[-1][f"actor/actor-{i}/version_lag"] for i in range(2)]
     assert all(lag is not None and 0 <= lag <= eta + 2 for lag in lags), lags

@@ -218,3 +218,24 @@ def test_a_restarted_learner_is_rejoined_and_old_grants_are_void(ctx):
     assert second.queue.get(timeout=5).prompt_id == new_grant.prompt_ids[0]
     c.close()
     second.server.stop()
+
+
+def test_a_context_torn_down_under_the_io_thread_closes_the_client_quietly(ctx):
+    # Pipeline.stop destroys the context after close() waited its time; a thread starved past
+    # that (a loaded machine) met a closed socket in its poll and died with a traceback.
+    own = zmq.Context()
+    learner = Learner(ctx)
+    c = client(own, learner.server.endpoint, "torn")
+    assert c.wait_welcome(5) is not None
+    errors = []
+    old_hook, threading.excepthook = threading.excepthook, errors.append
+    try:
+        own.destroy(linger=0)
+        c._thread.join(5)
+    finally:
+        threading.excepthook = old_hook
+    assert not c._thread.is_alive() and errors == []
+    assert "context was closed" in c.stop_reason
+    assert c.request(1, threading.Event(), timeout=1) is None
+    c.close()  # idempotent after the fact
+    learner.server.stop()
