@@ -3,6 +3,7 @@ send groups; bad bytes are counted and dropped; Curve keeps strangers out; a res
 rejoined with no work carried across."""
 import contextlib
 import functools
+import os
 import threading
 import time
 
@@ -238,4 +239,31 @@ def test_a_context_torn_down_under_the_io_thread_closes_the_client_quietly(ctx):
     assert "context was closed" in c.stop_reason
     assert c.request(1, threading.Event(), timeout=1) is None
     c.close()  # idempotent after the fact
+    learner.server.stop()
+
+
+def test_a_wake_between_the_io_threads_read_and_its_flag_is_not_lost(ctx, monkeypatch):
+    # The I/O thread cleared its "wake pending" flag before reading the wake pipe; a wake landing
+    # in between wrote a byte that the read then swallowed, leaving the flag set and the pipe
+    # empty: no wake was ever written again and every send waited for a heartbeat (a default
+    # run took 116 s instead of 25). Replay that interleaving once, then ask for work again.
+    import protocols.dispatch_client as dispatch_client
+    learner = Learner(ctx, heartbeat_seconds=30.0, heartbeat_timeout_seconds=120.0)
+    c = DispatcherClient(learner.server.endpoint, "wake", 4, ctx=ctx, heartbeat_seconds=30.0,
+                         learner_timeout_seconds=120.0)
+    real_read, replayed = os.read, []
+
+    def read(fd, n):
+        if fd == c._wake_r and not replayed:
+            replayed.append(1)
+            c._wake()  # the worker's wake, racing the I/O thread
+        return real_read(fd, n)
+
+    monkeypatch.setattr(dispatch_client.os, "read", read)
+    c.start()
+    assert c.wait_welcome(5) is not None
+    stop = threading.Event()
+    assert c.request(1, stop, timeout=5) is not None and replayed
+    assert c.request(1, stop, timeout=5) is not None  # no heartbeat for 30 s: only a wake sends it
+    c.close()
     learner.server.stop()
