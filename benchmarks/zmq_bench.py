@@ -137,7 +137,8 @@ def bench_dispatch(shape, n, cap):
     from actors.tasks.registry import make_task
     from actors.tasks.config import TaskConfig
     from protocols.admission import AdmissionGate
-    from protocols.dispatch import DispatchServer, Dispatcher, DispatchSettings
+    from protocols.dispatch import Dispatcher, DispatchSettings
+    from protocols.dispatch_server import DispatchServer
     from protocols.ledger import SampleLedger
     from protocols.transport import InProcessTransport
     G = shape[0]

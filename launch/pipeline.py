@@ -28,7 +28,8 @@ from launch.supervisor import ActorSupervisor
 from learner.loop import PipelineStopped
 from learner.models.named_arrays import ParamLayout
 from protocols.admission import AdmissionGate
-from protocols.dispatch import DispatchServer, Dispatcher, DispatchSettings
+from protocols.dispatch import Dispatcher, DispatchSettings
+from protocols.dispatch_server import DispatchServer
 from protocols.dispatch_client import DispatcherClient
 from protocols.ledger import SampleLedger
 from protocols.messages import Control

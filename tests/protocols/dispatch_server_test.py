@@ -15,7 +15,8 @@ from actors.tasks.registry import make_task
 from actors.tasks.config import TaskConfig
 from protocols.admission import AdmissionGate
 from protocols.codec import MAGIC, SCHEMA_VERSION, encode
-from protocols.dispatch import DispatchServer, Dispatcher, DispatchSettings
+from protocols.dispatch import Dispatcher, DispatchSettings
+from protocols.dispatch_server import DispatchServer
 from protocols.dispatch_client import DispatcherClient
 from protocols.ledger import SampleLedger
 from protocols.messages import EngineTimings, RolloutGroup
