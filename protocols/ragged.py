@@ -26,6 +26,12 @@ DTYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "bool": np.dtype
 _LENGTHS = np.dtype("<i4")
 
 
+def _np_dtype(name: str) -> np.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype: must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
 def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """values as dtype; an integer target must hold them exactly (int64 ids beyond int32 are refused,
     as np.fromiter refuses Python ints)."""
@@ -49,13 +55,11 @@ class Ragged(msgspec.Struct, frozen=True, array_like=True):
         Raises:
           ValueError: unknown dtype, or a value that `dtype` cannot hold (e.g. an id beyond int32).
         """
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
+        np_dtype = _np_dtype(dtype)
         if isinstance(rows, Ragged):
             if rows.dtype == dtype:
                 return rows
             return cls.pack(rows.tolist(), dtype)
-        np_dtype = DTYPES[dtype]
         lengths = np.fromiter((len(r) for r in rows), _LENGTHS, len(rows))
         try:
             if all(isinstance(r, np.ndarray) for r in rows):
@@ -119,13 +123,12 @@ class Packed(msgspec.Struct, frozen=True, array_like=True):
         Raises:
           ValueError: unknown dtype, or a value that `dtype` cannot hold.
         """
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
+        np_dtype = _np_dtype(dtype)
         if isinstance(values, Packed):
             return values if values.dtype == dtype else cls.pack(values.values, dtype)
         try:
-            array = (_cast(values.reshape(-1), DTYPES[dtype]) if isinstance(values, np.ndarray)
-                     else np.fromiter(values, DTYPES[dtype], len(values)))
+            array = (_cast(values.reshape(-1), np_dtype) if isinstance(values, np.ndarray)
+                     else np.fromiter(values, np_dtype, len(values)))
         except (OverflowError, TypeError, ValueError) as e:
             raise ValueError(f"cannot pack values as {dtype}: {e}") from None
         return cls(dtype, array.tobytes())
