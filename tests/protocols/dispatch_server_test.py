@@ -22,17 +22,12 @@ from protocols.ledger import SampleLedger
 from protocols.messages import EngineTimings, RolloutGroup
 from protocols.transport import InProcessTransport
 from protocols.zmq_transport import write_keys
+from tests import waiting
 
 G = 2
 
 
-def wait_for(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
+wait_for = functools.partial(waiting.wait_for, timeout=10.0, interval=0.02)
 
 
 class Learner:
@@ -81,7 +76,6 @@ def test_threads_and_processes_speak_the_same_protocol(ctx):
     learner.ledger.verify(learner.stream.position, learner.stream.pending_reissue)
     clients[0].close()
     learner.server.stop()
-
 
 
 def test_big_and_small_groups_alternate_intact_over_tcp(ctx):
