@@ -9,10 +9,12 @@ Three ways of moving the same RolloutGroups from a sender process to this proces
              the receiver decodes and validates it
   dispatch   the dispatcher protocol as actors use it: DispatcherClient.send_groups (I/O thread,
              DEALER) -> DispatchServer (ROUTER, decode, grant check, ledger) -> the learner's queue
-Prints one JSON line per group shape with groups/s of each and the ratios to raw (goal >= 0.8), and
-the transport's ratio to raw_best.
+Each way runs `--rounds` times, the four alternating, and its median groups/s is reported (one run
+of 4000 small groups lasts ~50 ms: a single run's ratio swung 0.2-0.8 with the machine's noise).
+Prints one JSON line per group shape with the medians, the ratios of the medians to raw (goal
+>= 0.8) with the transport's per-round range, and the transport's ratio to raw_best.
 
-    python benchmarks/zmq_bench.py [--groups 4000] [--seconds-cap 60]
+    python benchmarks/zmq_bench.py [--groups 20000] [--rounds 5] [--seconds-cap 60]
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import argparse
 import json
 import multiprocessing as mp
 import pathlib
+import statistics
 import sys
 import threading
 import time
@@ -159,7 +162,8 @@ def bench_dispatch(shape, n, cap):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--groups", type=int, default=4000, help="groups per measurement (small shape)")
+    ap.add_argument("--groups", type=int, default=20000, help="groups per measurement (small shape)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the four ways, alternating; medians")
     ap.add_argument("--seconds-cap", type=float, default=60.0)
     a = ap.parse_args()
     from codec_bench import make_group
@@ -167,17 +171,23 @@ def main() -> None:
     for shape in SHAPES:
         n = a.groups if shape[1] < 100 else max(a.groups // 10, 200)
         payload = encode(make_group(*shape))
-        raw = bench_raw(payload, n, a.seconds_cap)
-        raw_best = bench_raw(payload, n, a.seconds_cap, best=True)
-        transport = bench_transport(shape, n, a.seconds_cap)
-        dispatch = bench_dispatch(shape, n, a.seconds_cap)
+        ways = {"raw": lambda: bench_raw(payload, n, a.seconds_cap),
+                "raw_best": lambda: bench_raw(payload, n, a.seconds_cap, best=True),
+                "transport": lambda: bench_transport(shape, n, a.seconds_cap),
+                "dispatch": lambda: bench_dispatch(shape, n, a.seconds_cap)}
+        rates = {way: [] for way in ways}
+        for _ in range(a.rounds):  # alternating, so a noisy moment hits every way alike
+            for way, run in ways.items():
+                rates[way].append(run())
+        med = {way: statistics.median(r) for way, r in rates.items()}
+        per_round = [t / r for t, r in zip(rates["transport"], rates["raw"])]
         print(json.dumps({"bench": "zmq_groups", "group": f"{shape[0]}x{shape[1]}", "bytes": len(payload),
-                          "groups": n, "raw_groups_per_second": round(raw, 1),
-                          "raw_best_groups_per_second": round(raw_best, 1),
-                          "transport_groups_per_second": round(transport, 1),
-                          "dispatch_groups_per_second": round(dispatch, 1),
-                          "transport_ratio": round(transport / raw, 3), "dispatch_ratio": round(dispatch / raw, 3),
-                          "transport_ratio_to_best": round(transport / raw_best, 3)}),
+                          "groups": n, "rounds": a.rounds,
+                          **{f"{way}_groups_per_second": round(m, 1) for way, m in med.items()},
+                          "transport_ratio": round(med["transport"] / med["raw"], 3),
+                          "transport_ratio_range": [round(min(per_round), 3), round(max(per_round), 3)],
+                          "dispatch_ratio": round(med["dispatch"] / med["raw"], 3),
+                          "transport_ratio_to_best": round(med["transport"] / med["raw_best"], 3)}),
               flush=True)
 
 
