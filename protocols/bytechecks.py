@@ -12,6 +12,8 @@ ones holds only finite values (a byte 3 of 0x7F or 0xFF also marks |x| >= 2**127
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 SMALL = 512  # elements: below this the byte tricks beat a NumPy call (measured, bytes vs NumPy)
@@ -36,7 +38,7 @@ def all_finite_float32(data: bytes) -> bool:
     # One BLAS dot, the cheapest full NumPy pass: NaN or inf anywhere makes the sum of squares
     # non-finite (a finite overflow, |x| > 1.8e19, is rechecked exactly, hence no overflow warning).
     with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(values.dot(values)) or np.isfinite(values).all())
+        return math.isfinite(values.dot(values)) or bool(np.isfinite(values).all())
 
 
 def all_zero_or_one(data: bytes) -> bool:
