@@ -1,9 +1,10 @@
 """Wire format for Cadence messages: a versioned MessagePack envelope (never pickle).
 
 An encoded message is the MessagePack array `["cadence", SCHEMA_VERSION, body]`, where body is the
-message Struct as a map whose `type` field names its kind. Decoding reads the envelope first (the
-body stays raw bytes), so a peer on another schema version is reported as such even when its
-message shapes have changed, and only then decodes and validates the body. Unknown fields in a
+message Struct as a map whose `type` field names its kind. A well-formed message decodes in one
+pass; one that fails is decoded again envelope first (the body kept as raw bytes), so a peer on
+another schema version is reported as such even when its message shapes have changed, and only
+then is the body decoded and validated. Unknown fields in a
 body are ignored, so adding an optional field needs no version bump; removing, renaming, or
 retyping one does (bump SCHEMA_VERSION).
 
@@ -51,6 +52,14 @@ class _Envelope(msgspec.Struct, array_like=True):
     body: msgspec.Raw
 
 
+class _Typed(msgspec.Struct, array_like=True):
+    """The whole envelope in one pass: the fast path for a well-formed message."""
+
+    magic: str
+    version: int
+    body: Message
+
+
 class _TagOnly(msgspec.Struct):
     """Reads only the tag of a body, to tell an unknown message type from an invalid field."""
 
@@ -70,6 +79,7 @@ class Codec:
             raise ValueError(f"max_bytes: must be >= 1, got {max_bytes}")
         self.max_bytes = max_bytes
         self._encoder = msgspec.msgpack.Encoder()
+        self._typed_decoder = msgspec.msgpack.Decoder(_Typed)
         self._envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
         self._body_decoder = msgspec.msgpack.Decoder(Message)
         self._tag_decoder = msgspec.msgpack.Decoder(_TagOnly)
@@ -109,6 +119,12 @@ class Codec:
             raise MessageTooLarge(
                 f"message too large: {size} bytes, over max_bytes {self.max_bytes}"
             )
+        try:  # one pass; any failure is decoded again, envelope first, to say what is wrong
+            typed = self._typed_decoder.decode(data)
+            if typed.magic == MAGIC and typed.version == SCHEMA_VERSION:
+                return typed.body
+        except msgspec.DecodeError:
+            pass
         # ValidationError subclasses DecodeError, so it must be caught first.
         try:
             envelope = self._envelope_decoder.decode(data)

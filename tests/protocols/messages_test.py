@@ -245,3 +245,71 @@ def test_a_receiver_without_the_optional_fields_still_decodes_the_group():
     new = make_group(policy_mask=[[True, True], [True, False, True]], reward_errors=["", "error"])
     old = msgspec.msgpack.decode(msgspec.msgpack.encode(new), type=OldGroup)
     assert old.rewards == [1.0, 0.0]
+
+
+def _fuzzed_groups(seed: int, n: int):
+    """Valid groups with every optional field, each with one field replaced by random bytes or values."""
+    from msgspec.structs import force_setattr
+    from protocols.ragged import Packed, Ragged
+
+    rng = np.random.default_rng(seed)
+    base = make_group(exact_match=[True, False], policy_mask=[[True, True], [True, False, True]],
+                      reward_errors=["", "x"], task_metrics={"m": [1.0, 0.5]},
+                      kept_logmass=[[-0.1, 0.0], [0.0, -0.2, -0.05]])
+    specials = [0.0, -1.5, math.nan, math.inf, -math.inf, 1e308]
+
+    def raw(size):
+        return rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+
+    def row_lengths():
+        return rng.choice([np.array(v, "<i4").tobytes() for v in ([2, 3], [3, 2], [2], [2, 3, 0], [-1, 6], [5, 0])]
+                          + [b"\x02\x00\x00", b""])
+
+    for _ in range(n):
+        field = rng.choice(["prompt_tokens", "completion_tokens", "behavior_logprobs", "policy_mask",
+                            "kept_logmass", "rewards", "exact_match", "reward_errors", "task_metrics"])
+        group = msgspec.structs.replace(base)
+        dtype = str(rng.choice(["int32", "float32", "bool", "int64"]))
+        if field == "prompt_tokens":
+            value = Packed(dtype, raw(int(rng.choice([0, 3, 12, 13]))))
+        elif field in ("completion_tokens", "behavior_logprobs", "policy_mask", "kept_logmass"):
+            size = int(rng.choice([5, 19, 20, 21, 4000]))
+            value = Ragged(dtype if rng.random() < 0.5 else {"completion_tokens": "int32", "policy_mask": "bool"}
+                           .get(field, "float32"), row_lengths(), raw(size))
+        elif field == "rewards":
+            value = [float(rng.choice(specials)) for _ in range(int(rng.integers(0, 4)))]
+        elif field == "task_metrics":
+            value = {"m": [float(rng.choice(specials)) for _ in range(int(rng.integers(1, 4)))]}
+        else:
+            value = [getattr(base, field)[0]] * int(rng.integers(0, 4))
+        force_setattr(group, field, value)
+        yield group
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_quick_screen_never_passes_a_group_the_full_check_rejects(seed):
+    """validate() trusts RolloutGroup._passes for the common case: it must be sound, and it must
+    pass valid groups (or every group would pay for the full check)."""
+    verdicts = {"both reject": 0, "both pass": 0, "full check only": 0}
+    for group in _fuzzed_groups(seed, 500):
+        try:
+            group._check()
+            valid = True
+        except InvalidMessage:
+            valid = False
+        passes = group._passes()
+        assert not passes or valid, f"screen passed an invalid group: {group!r}"
+        verdicts["both pass" if passes else "both reject" if not valid else "full check only"] += 1
+    assert verdicts["both reject"] > 100 and verdicts["both pass"] > 10, verdicts
+    assert verdicts["full check only"] <= verdicts["both pass"] // 4, verdicts  # finite overflowing sums only
+
+
+def test_valid_groups_pass_the_quick_screen():
+    rng = np.random.default_rng(0)
+    for g in (1, 4, 16):
+        lengths = rng.integers(0, 600, g)
+        group = make_group(completion_tokens=[rng.integers(0, 50000, n).tolist() for n in lengths],
+                           behavior_logprobs=[(-rng.exponential(size=n)).tolist() for n in lengths],
+                           policy_mask=[rng.random(n) < 0.8 for n in lengths], rewards=[0.5] * g,
+                           kept_logmass=[np.zeros(n) for n in lengths], exact_match=[False] * g)
+        assert group._passes()
