@@ -90,113 +90,169 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     early = start_actor_processes(cfg, run_dir, progress.message, config_dict=to_dict(cfg)) \
         if cfg.actors.processes and procs.group.is_leader else None
     try:
-        policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
-        task = make_task(cfg.task, policy.tokenizer)
-        L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
-        train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]
-                                     completion_budget=cfg.engine.max_new_tokens)
-        checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
-        # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
-        logits_fn = functools.partial(forward, policy.graphdef, remat=cfg.learner.remat)
-        sft_step = SFTStep(logits_fn, cfg.learner.sft, procs.layout)
-        if not procs.group.is_leader:
-            return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params)
-        train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)
-        template = train_step.init(policy.params) if resuming else None
-        begin = run_state.begin(cfg, run_dir, checkpointer, template and arrays_of(template), task, progress, resume,
-                                resuming)
-        progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(policy.params):,} params | "
-                         f"batch {cfg.learner.batch_size} samples (G={G}) | max_staleness {cfg.actors.max_staleness}")
-        # One engine for actor threads and evaluation: jitted calls are thread-safe, and sharing it means
-        # the held-out eval runs the program the actors already compiled.
-        engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id, policy.tokenizer.pad_id)
-        heldout = task.heldout()
-        scorer = make_scorer(cfg.task, task, policy.tokenizer)  # rewards: worker pool, HTTP server or inline
-        evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=heldout,
-                                                           scorer=scorer))  # [sharded learner]
-        sft_metrics = {}
-        if begin.restored:
-            state = template._replace(**begin.arrays, step=begin.step0)
-            if cfg.run.resume_digest:  # proves a reshard onto another process count kept every bit
-                begin.summary["resumed_from"][-1].update(
-                    params_sha256=artifacts.params_digest(procs.gather(state.params)),
-                    learner_processes=procs.group.num_processes)
-        else:  # warm up first: PPO's reference policy and critic trunk start from the weights RL starts from
-            params, sft_metrics = supervised_warmup(cfg, logits_fn, policy.params, begin.stream, L,
-                                                    policy.tokenizer.pad_id, progress, sft_step)  # [sharded learner]
-            begin.ledger.warmup(begin.stream.position)
-            state = train_step.init(params)
-        if wrap_train_step is not None:
-            train_step = wrap_train_step(train_step)
-        meta = begin.meta
-        batch_size = int(meta.get("batch_size", cfg.learner.batch_size))  # where the controller had moved B
-        gate = AdmissionGate(batch_size, cfg.actors.max_staleness)
-        gate.steps_taken, gate.issued = begin.step0, G * len(begin.ledger.queued)
-        # SGLang servers here only for actor threads; actor processes drive servers of their own
-        # (launch/actor_process.py), fed by the weight server like any actor process.
-        threads_drive_sglang = cfg.actors.engine == "sglang" and not cfg.actors.processes and cfg.actors.num_actors > 0
-        actor_engine = sglang_engine(cfg, policy, cfg.actors.sglang.work_dir or os.path.join(run_dir, "sglang"),
-                                     procs.fetch) if threads_drive_sglang else engine
-        # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
-        publish = procs.publisher(whole=not threads_drive_sglang)
-        pipe = Pipeline(cfg, run_dir, task, begin.stream, begin.ledger, gate,
-                        InProcessWeights(publish(state.params), begin.step0),
-                        actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), scorer,
-                        supervisor=early)
-        controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
-        if begin.restored and controller is not None and meta.get("controller") is not None:
-            controller.load_state_dict(meta["controller"])
-        loop = LearnerLoop(train_step, pipe.queue, gate, pipe,
-                           LoopSettings(cfg.learner.batch_size, G, cfg.learner.microbatch_size, L,
-                                        policy.tokenizer.pad_id, cfg.learner.grpo),
-                           health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
-                           ledger=begin.ledger, publish=publish)  # [sharded learner]
-        loop.group_filter = make_group_filter(cfg.learner)  # dynamic sampling (None when off)
-        loop.batch_size = batch_size
-        if begin.restored:
-            loop.samples, loop.dropped = meta["samples"], dict(meta["dropped"])
-            if meta.get("concurrency"):
-                pipe.set_concurrency(meta["concurrency"])
-        summary, clock = begin.summary, begin.clock
-        # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/sinks.py)
-        sinks = open_sinks(cfg.run, run_dir, to_dict(cfg), resumed=begin.restored, step0=begin.step0)
-        if not begin.restored:
-            record0 = {"step": 0, "samples": 0, "wall_time": clock(), **sft_metrics, **evaluate_params(state.params)}
-            sinks.write(record0)
-            before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
-                ("reward", record0["eval/reward"])
-            progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
-        loop.enrich = _enrich(cfg, pipe, loop, actor_engine, clock, begin)
-        snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock)
-        recorder = Recorder(cfg.run, sinks, progress, evaluate_params, checkpointer, summary, clock, snapshot,
-                            samples0=loop.samples)
+        learner = _build_learner(cfg, procs, run_dir, resume, resuming, progress, wrap_train_step)
+        if not isinstance(learner, _Learner):
+            return learner  # [sharded learner] a following process: its part of the run is over
+        run = _build_run(cfg, run_dir, procs, learner, progress, early, controller)
     except BaseException:
         if early is not None:
             early.stop(5.0)
         raise
+    state, preempted = _drive(cfg, run_dir, learner, run, progress)
+    summary = _finish(cfg, run_dir, learner, state, preempted, procs)
+    run.sinks.finish(summary)  # heartbeat: finished / preempted
+    procs.stop()  # [sharded learner] the other processes exit
+    return summary
+
+
+@dataclasses.dataclass
+class _Learner:
+    """The learner side of a run, positioned where the run starts (a checkpoint or step 0)."""
+
+    policy: object  # launch.policy.Policy
+    task: object
+    train_step: object
+    checkpointer: Checkpointer
+    begin: object  # run_state.Begin: stream, ledger, summary, clock, meta
+    state: object  # the train state at begin.step0
+    engine: JaxEngine  # actor threads and evaluation share it
+    scorer: object
+    evaluate_params: object  # params -> eval metrics
+    sft_metrics: dict
+    seq_len: int
+
+
+def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: str, resuming: bool,
+                   progress: Progress, wrap_train_step) -> _Learner | dict:
+    """Model, task, train step, checkpointer and the state to start from (restored or warmed up).
+    A following process of a sharded learner runs its whole part here and returns its summary."""
+    policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
+    task = make_task(cfg.task, policy.tokenizer)
+    L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
+    train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]
+                                 completion_budget=cfg.engine.max_new_tokens)
+    checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
+    # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
+    logits_fn = functools.partial(forward, policy.graphdef, remat=cfg.learner.remat)
+    sft_step = SFTStep(logits_fn, cfg.learner.sft, procs.layout)
+    if not procs.group.is_leader:
+        return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params)
+    train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)
+    template = train_step.init(policy.params) if resuming else None
+    begin = run_state.begin(cfg, run_dir, checkpointer, template and arrays_of(template), task, progress, resume,
+                            resuming)
+    progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(policy.params):,} params | "
+                     f"batch {cfg.learner.batch_size} samples (G={G}) | max_staleness {cfg.actors.max_staleness}")
+    # One engine for actor threads and evaluation: jitted calls are thread-safe, and sharing it means
+    # the held-out eval runs the program the actors already compiled.
+    engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id, policy.tokenizer.pad_id)
+    scorer = make_scorer(cfg.task, task, policy.tokenizer)  # rewards: worker pool, HTTP server or inline
+    evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=task.heldout(),
+                                                       scorer=scorer))  # [sharded learner]
+    sft_metrics = {}
+    if begin.restored:
+        state = template._replace(**begin.arrays, step=begin.step0)
+        if cfg.run.resume_digest:  # proves a reshard onto another process count kept every bit
+            begin.summary["resumed_from"][-1].update(
+                params_sha256=artifacts.params_digest(procs.gather(state.params)),
+                learner_processes=procs.group.num_processes)
+    else:  # warm up first: PPO's reference policy and critic trunk start from the weights RL starts from
+        params, sft_metrics = supervised_warmup(cfg, logits_fn, policy.params, begin.stream, L,
+                                                policy.tokenizer.pad_id, progress, sft_step)  # [sharded learner]
+        begin.ledger.warmup(begin.stream.position)
+        state = train_step.init(params)
+    if wrap_train_step is not None:
+        train_step = wrap_train_step(train_step)
+    return _Learner(policy, task, train_step, checkpointer, begin, state, engine, scorer, evaluate_params,
+                    sft_metrics, L)
+
+
+@dataclasses.dataclass
+class _Run:
+    """What feeds and drives the learner: the pipeline, the loop, and where its records go."""
+
+    pipe: Pipeline
+    loop: LearnerLoop
+    recorder: Recorder
+    sinks: object  # launch.sinks: metrics.jsonl, loggers, Prometheus, heartbeat
+    actor_engine: object  # the JaxEngine, or SGLang servers this process drives
+
+
+def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Learner, progress: Progress,
+               early, controller) -> _Run:
+    """The pipeline (dispatcher, weights, actors), the learner loop and its recorder, resumed
+    where the learner's begin says; records step 0 (held-out eval) on a new run."""
+    policy, begin, state, G = learner.policy, learner.begin, learner.state, cfg.learner.group_size
+    meta = begin.meta
+    batch_size = int(meta.get("batch_size", cfg.learner.batch_size))  # where the controller had moved B
+    gate = AdmissionGate(batch_size, cfg.actors.max_staleness)
+    gate.steps_taken, gate.issued = begin.step0, G * len(begin.ledger.queued)
+    # SGLang servers here only for actor threads; actor processes drive servers of their own
+    # (launch/actor_process.py), fed by the weight server like any actor process.
+    threads_drive_sglang = cfg.actors.engine == "sglang" and not cfg.actors.processes and cfg.actors.num_actors > 0
+    actor_engine = sglang_engine(cfg, policy, cfg.actors.sglang.work_dir or os.path.join(run_dir, "sglang"),
+                                 procs.fetch) if threads_drive_sglang else learner.engine
+    # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
+    publish = procs.publisher(whole=not threads_drive_sglang)
+    pipe = Pipeline(cfg, run_dir, learner.task, begin.stream, begin.ledger, gate,
+                    InProcessWeights(publish(state.params), begin.step0),
+                    actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), learner.scorer,
+                    supervisor=early)
+    controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
+    if begin.restored and controller is not None and meta.get("controller") is not None:
+        controller.load_state_dict(meta["controller"])
+    loop = LearnerLoop(learner.train_step, pipe.queue, gate, pipe,
+                       LoopSettings(cfg.learner.batch_size, G, cfg.learner.microbatch_size, learner.seq_len,
+                                    policy.tokenizer.pad_id, cfg.learner.grpo),
+                       health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
+                       ledger=begin.ledger, publish=publish)  # [sharded learner]
+    loop.group_filter = make_group_filter(cfg.learner)  # dynamic sampling (None when off)
+    loop.batch_size = batch_size
+    if begin.restored:
+        loop.samples, loop.dropped = meta["samples"], dict(meta["dropped"])
+        if meta.get("concurrency"):
+            pipe.set_concurrency(meta["concurrency"])
+    clock = begin.clock
+    # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/sinks.py)
+    sinks = open_sinks(cfg.run, run_dir, to_dict(cfg), resumed=begin.restored, step0=begin.step0)
+    if not begin.restored:
+        record0 = {"step": 0, "samples": 0, "wall_time": clock(), **learner.sft_metrics,
+                   **learner.evaluate_params(state.params)}
+        sinks.write(record0)
+        before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
+            ("reward", record0["eval/reward"])
+        progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
+    loop.enrich = _enrich(cfg, pipe, loop, actor_engine, clock, begin)
+    snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock)
+    recorder = Recorder(cfg.run, sinks, progress, learner.evaluate_params, learner.checkpointer, begin.summary,
+                        clock, snapshot, samples0=loop.samples)
+    return _Run(pipe, loop, recorder, sinks, actor_engine)
+
+
+def _drive(cfg: Config, run_dir: str, learner: _Learner, run: _Run, progress: Progress):
+    """Runs the pipeline and the loop to the last step or a stop signal, then saves the final
+    checkpoint and stops everything the run started. Returns (state, preempted)."""
+    pipe, loop, summary = run.pipe, run.loop, learner.begin.summary
     preempted = False
     with Lifecycle(cfg.checkpoint.signal_timeout_seconds, on_stop=[pipe.abort], message=progress.message) as life:
         pipe.start()
         try:
-            state = loop.run(state, cfg.run.steps, on_step=recorder.on_step, stop=life.stop, start_step=begin.step0)
+            state = loop.run(learner.state, cfg.run.steps, on_step=run.recorder.on_step, stop=life.stop,
+                             start_step=learner.begin.step0)
             preempted = life.signalled is not None
             pipe.stop(time.monotonic() + life.remaining(cap=30.0), finished=not preempted)
             summary.update(run_dir=run_dir, steps=state.step, samples=loop.samples, dropped=dict(loop.dropped),
                            dropped_stale=loop.dropped.get("stale", 0), reward_errors=dict(loop.reward_errors),
                            preempted=preempted)
-            recorder.save(state, finished=not preempted, wait=True)
+            run.recorder.save(state, finished=not preempted, wait=True)
         finally:
             pipe.stop(time.monotonic() + life.remaining(cap=5.0), finished=False)  # no-op after a clean stop
-            sinks.close()
-            checkpointer.close()
-            if actor_engine is not engine:
-                actor_engine.close()  # stops the servers it launched
-            scorer.close()  # stops the reward workers
-    summary = _finish(cfg, run_dir, policy, state, summary, begin, checkpointer, clock, preempted, evaluate_params,
-                      procs)
-    sinks.finish(summary)  # heartbeat: finished / preempted
-    procs.stop()  # [sharded learner] the other processes exit
-    return summary
+            run.sinks.close()
+            learner.checkpointer.close()
+            if run.actor_engine is not learner.engine:
+                run.actor_engine.close()  # stops the servers it launched
+            learner.scorer.close()  # stops the reward workers
+    return state, preempted
 
 
 def _enrich(cfg, pipe: Pipeline, loop: LearnerLoop, actor_engine, clock, begin):
@@ -242,18 +298,20 @@ def _snapshot(cfg, loop: LearnerLoop, pipe: Pipeline, begin, controller, clock, 
     return meta
 
 
-def _finish(cfg, run_dir, policy, state, summary, begin, checkpointer, clock, preempted, evaluate_params,
-            procs: LearnerProcesses) -> dict:
+def _finish(cfg: Config, run_dir: str, learner: _Learner, state, preempted: bool, procs: LearnerProcesses) -> dict:
+    """The ledger's verdict, the final weights and eval (unless preempted), and summary.json."""
+    begin, summary = learner.begin, learner.begin.summary
     summary["ledger"] = begin.ledger.verify(begin.stream.position, begin.stream.pending_reissue)
-    summary["wall_time"] = clock()
-    summary["checkpoint_blocked_seconds"] = checkpointer.blocked_seconds
+    summary["wall_time"] = begin.clock()
+    summary["checkpoint_blocked_seconds"] = learner.checkpointer.blocked_seconds
     if not preempted:
         procs.save_params(run_dir, state.params, artifacts.save_params)  # [sharded learner] every process
         if cfg.model.path:  # a checkpoint came in: ship the trained weights in the same format
             summary["hf_export"] = os.path.join(run_dir, "hf")
-            export_policy(policy, state.params, summary["hf_export"], fetch=procs.fetch)  # a shard at a time
-        summary["final_eval"] = summary.get("last_eval") or evaluate_params(state.params)
+            export_policy(learner.policy, state.params, summary["hf_export"], fetch=procs.fetch)  # a shard at a time
+        summary["final_eval"] = summary.get("last_eval") or learner.evaluate_params(state.params)
     summary.pop("last_eval", None)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
+
