@@ -38,7 +38,7 @@ from protocols.messages import (
     Welcome,
     WorkRequest,
 )
-from protocols.zmq_transport import ZERO_COPY_BYTES, CurveKeys, client_socket
+from protocols.zmq_transport import CurveKeys, client_socket
 
 
 class DispatcherClient:
@@ -184,7 +184,7 @@ class DispatcherClient:
 
     def _send(self, data: bytes) -> bool:
         try:
-            self._sock.send(data, zmq.NOBLOCK, copy=len(data) < ZERO_COPY_BYTES)  # big: ZeroMQ takes our bytes
+            self._sock.send(data, zmq.NOBLOCK)  # copied at every size: see ZmqTransport.put_bytes
             return True
         except zmq.Again:  # the learner is away and the queue is full: heartbeats resume when it is back
             return False
