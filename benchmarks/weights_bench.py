@@ -6,10 +6,11 @@ frames and rebuild their JAX parameter tree. Baseline, same run: a bare ROUTER t
 request with the same arrays' bytes as frames, to two bare DEALER processes that only receive.
 Timed per round from the publication until both actors hold it as JAX arrays (`seconds`), and until
 both hold the bytes (`transfer_seconds`: the part the bare baseline does; building JAX arrays is
-one more copy, which the baseline never makes); median over rounds. Prints one JSON line per model
-size with the ratios raw / ours (goal >= 0.8).
+one more copy, which the baseline never makes). Both setups stay up and their rounds alternate, so
+a noisy moment of the shared machine hits both; medians over the rounds after the first. Prints
+one JSON line per model size with the ratios raw / ours (goal >= 0.8).
 
-    python benchmarks/weights_bench.py [--sizes 1m 25m] [--rounds 5]
+    python benchmarks/weights_bench.py [--sizes 1m 25m] [--rounds 9]
 """
 from __future__ import annotations
 
@@ -73,86 +74,104 @@ def _raw(endpoint, rounds, ready, go, done):
         done.put(time.time())
 
 
-def bench_ours(size, rounds, actors=2):
-    import zmq
-    from learner.models.named_arrays import ParamLayout
-    from protocols.weights_wire import WeightServer
-    _, params = model(size)
-    layout = ParamLayout(params)
-    ctx = zmq.Context()
-    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
-    spawn = mp.get_context("spawn")
-    ready, done, gos = spawn.Queue(), spawn.Queue(), [spawn.Queue() for _ in range(actors)]
-    procs = [spawn.Process(target=_ours, args=(server.endpoint, size, rounds, ready, go, done)) for go in gos]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=300)
-    times, transfers = [], []
-    for v in range(1, rounds + 1):
+class Ours:
+    """A WeightServer publishing the learner's tree, and `actors` processes fetching and building it."""
+
+    def __init__(self, size, rounds, actors=2):
+        import zmq
+        from learner.models.named_arrays import ParamLayout
+        from protocols.weights_wire import WeightServer
+        _, self.params = model(size)
+        self.layout = ParamLayout(self.params)
+        self.ctx = zmq.Context()
+        self.server = WeightServer("tcp://127.0.0.1:0", ctx=self.ctx).start()
+        spawn = mp.get_context("spawn")
+        ready, self.done, self.gos = spawn.Queue(), spawn.Queue(), [spawn.Queue() for _ in range(actors)]
+        self.procs = [spawn.Process(target=_ours, args=(self.server.endpoint, size, rounds, ready, go, self.done))
+                      for go in self.gos]
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            ready.get(timeout=300)
+        self.nbytes = sum(a.nbytes for _, a in self.layout.named(self.params))
+
+    def round(self, v):
+        """(seconds until every actor holds version v as JAX arrays, seconds until it holds the bytes)"""
         import jax
-        params = jax.tree.map(lambda x: x + 0, params)  # a new version's arrays, as a train step makes them
+        params = jax.tree.map(lambda x: x + 0, self.params)  # a new version's arrays, as a train step makes them
         jax.block_until_ready(jax.tree.leaves(params))
         t0 = time.time()
-        server.publish(v, lambda p=params: layout.named(p))
-        for go in gos:
+        self.server.publish(v, lambda p=params: self.layout.named(p))
+        for go in self.gos:
             go.put(v)
-        got = [done.get(timeout=300) for _ in procs]
+        got = [self.done.get(timeout=300) for _ in self.procs]
         assert all(g[0] == v for g in got)
-        transfers.append(max(g[1] for g in got) - t0)
-        times.append(max(g[2] for g in got) - t0)
-    for p in procs:
-        p.join()
-    nbytes = sum(a.nbytes for _, a in layout.named(params))
-    server.stop()
-    ctx.destroy(linger=0)
-    return statistics.median(times[1:] or times), statistics.median(transfers[1:] or transfers), nbytes
+        return max(g[2] for g in got) - t0, max(g[1] for g in got) - t0
+
+    def close(self):
+        for p in self.procs:
+            p.join()
+        self.server.stop()
+        self.ctx.destroy(linger=0)
 
 
-def bench_raw(size, rounds, actors=2):
-    import zmq
-    from learner.models.named_arrays import named_arrays
-    _, params = model(size)
-    frames = [a.tobytes() for _, a in named_arrays(params)]
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.ROUTER)
-    port = s.bind_to_random_port("tcp://127.0.0.1")
-    spawn = mp.get_context("spawn")
-    ready, done, gos = spawn.Queue(), spawn.Queue(), [spawn.Queue() for _ in range(actors)]
-    procs = [spawn.Process(target=_raw, args=(f"tcp://127.0.0.1:{port}", rounds, ready, go, done)) for go in gos]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=300)
-    times = []
-    for v in range(1, rounds + 1):
+class Raw:
+    """A bare ROUTER answering `actors` bare DEALER processes with the same arrays' bytes as frames."""
+
+    def __init__(self, size, rounds, actors=2):
+        import zmq
+        from learner.models.named_arrays import named_arrays
+        _, params = model(size)
+        self.frames = [a.tobytes() for _, a in named_arrays(params)]
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        spawn = mp.get_context("spawn")
+        ready, self.done, self.gos = spawn.Queue(), spawn.Queue(), [spawn.Queue() for _ in range(actors)]
+        self.procs = [spawn.Process(target=_raw, args=(f"tcp://127.0.0.1:{port}", rounds, ready, go, self.done))
+                      for go in self.gos]
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            ready.get(timeout=300)
+
+    def round(self, v):
         t0 = time.time()
-        for go in gos:
+        for go in self.gos:
             go.put(v)
-        for _ in procs:
-            peer, _ = s.recv_multipart()
-            s.send_multipart([peer, *frames], copy=False)
-        got = [done.get(timeout=300) for _ in procs]
-        times.append(max(got) - t0)
-    for p in procs:
-        p.join()
-    s.close(0)
-    ctx.term()
-    return statistics.median(times[1:] or times)
+        for _ in self.procs:
+            peer, _ = self.sock.recv_multipart()
+            self.sock.send_multipart([peer, *self.frames], copy=False)
+        return max(self.done.get(timeout=300) for _ in self.procs) - t0
+
+    def close(self):
+        for p in self.procs:
+            p.join()
+        self.sock.close(0)
+        self.ctx.term()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=9)
     a = ap.parse_args()
     for size in a.sizes:
-        ours, transfer, nbytes = bench_ours(size, a.rounds)
-        raw = bench_raw(size, a.rounds)
-        print(json.dumps({"bench": "weights_to_actor_processes", "model": size, "actors": 2,
-                          "params": nbytes // 4, "bytes": nbytes, "seconds": round(ours, 4),
-                          "transfer_seconds": round(transfer, 4), "raw_seconds": round(raw, 4),
-                          "ratio": round(raw / ours, 3), "transfer_ratio": round(raw / transfer, 3)}), flush=True)
+        ours, raw = Ours(size, a.rounds), Raw(size, a.rounds)
+        times, transfers, raws = [], [], []
+        for v in range(1, a.rounds + 1):  # alternating, so a noisy moment hits both alike
+            seconds, transfer = ours.round(v)
+            times.append(seconds)
+            transfers.append(transfer)
+            raws.append(raw.round(v))
+        ours.close()
+        raw.close()
+        med = {k: statistics.median(x[1:]) for k, x in (("ours", times), ("transfer", transfers), ("raw", raws))}
+        print(json.dumps({"bench": "weights_to_actor_processes", "model": size, "actors": 2, "rounds": a.rounds,
+                          "params": ours.nbytes // 4, "bytes": ours.nbytes, "seconds": round(med["ours"], 4),
+                          "transfer_seconds": round(med["transfer"], 4), "raw_seconds": round(med["raw"], 4),
+                          "ratio": round(med["raw"] / med["ours"], 3),
+                          "transfer_ratio": round(med["raw"] / med["transfer"], 3)}), flush=True)
 
 
 if __name__ == "__main__":
