@@ -144,7 +144,7 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
         if not (self.prompt_id and self.policy_version >= 0
                 and prompt.dtype == "int32" and not len(prompt.data) & 3 and all_nonnegative_int32(prompt.data)
                 and tokens.dtype == "int32" and group_size and not len(lengths) & 3
-                and all_nonnegative_int32(lengths) and len(data) == 4 * sum(_int32s(lengths))
+                and all_nonnegative_int32(lengths) and len(data) == 4 * _sum_int32(lengths)
                 and all_nonnegative_int32(data)
                 and logprobs.dtype == "float32" and logprobs.row_lengths == lengths
                 and len(logprobs.data) == len(data) and all_finite_float32(logprobs.data)
@@ -226,15 +226,19 @@ class RolloutGroup(_Message, kw_only=True, tag="rollout_group"):
             raise InvalidMessage(f"{name}.rewards[{i}]: must be finite, got {self.rewards[i]}")
 
 
-def _int32s(data: bytes) -> tuple[int, ...]:
-    """Little-endian int32s as Python ints (a group's G row lengths: cheaper than a NumPy call)."""
+def _sum_int32(data: bytes) -> int:
+    """The sum of little-endian int32s: a group's G row lengths. Python ints for the usual handful
+    (cheaper than a NumPy call), NumPy for many; the unpackers kept are bounded, as a peer picks G."""
     n = len(data) >> 2
+    if n > _UNPACK_MAX:
+        return int(np.frombuffer(data, "<i4").sum(dtype=np.int64))
     unpack = _UNPACK_INT32S.get(n)
     if unpack is None:
         unpack = _UNPACK_INT32S[n] = struct.Struct(f"<{n}i").unpack  # group sizes repeat: keep them
-    return unpack(data)
+    return sum(unpack(data))
 
 
+_UNPACK_MAX = 256
 _UNPACK_INT32S: dict[int, object] = {}
 
 
@@ -249,7 +253,7 @@ def _check_row_lengths(name: str, field: str, value: Ragged) -> int:
     if not all_nonnegative_int32(lengths):
         i = int(np.argmax(value.lengths < 0))
         raise InvalidMessage(f"{name}.{field}[{i}]: negative row length")
-    total = sum(_int32s(lengths))
+    total = _sum_int32(lengths)
     if total * DTYPES[value.dtype].itemsize != len(value.data):
         _wrong_size(name, field, value, total)
     return total

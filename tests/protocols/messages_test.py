@@ -8,6 +8,7 @@ import pytest
 
 from protocols.errors import InvalidMessage, ProtocolError
 from protocols.codec import decode, encode
+from protocols.ragged import Ragged
 from protocols.messages import (
     MESSAGE_TYPES,
     Control,
@@ -250,7 +251,7 @@ def test_a_receiver_without_the_optional_fields_still_decodes_the_group():
 def _fuzzed_groups(seed: int, n: int):
     """Valid groups with every optional field, each with one field replaced by random bytes or values."""
     from msgspec.structs import force_setattr
-    from protocols.ragged import Packed, Ragged
+    from protocols.ragged import Packed
 
     rng = np.random.default_rng(seed)
     base = make_group(exact_match=[True, False], policy_mask=[[True, True], [True, False, True]],
@@ -304,10 +305,20 @@ def test_the_quick_screen_never_passes_a_group_the_full_check_rejects(seed):
     assert verdicts["full check only"] <= verdicts["both pass"] // 4, verdicts  # finite overflowing sums only
 
 
+def test_many_completions_are_checked_like_few():
+    lengths = [3] * 299 + [2]
+    group = make_group(completion_tokens=[[1] * n for n in lengths], behavior_logprobs=[[-0.5] * n for n in lengths],
+                       rewards=[0.0] * 300)
+    assert group._passes() and group.completion_tokens.lengths.sum() == 899
+    with pytest.raises(InvalidMessage, match=r"completion_tokens: row lengths sum to 899 values but data holds 900"):
+        make_group(completion_tokens=Ragged("int32", group.completion_tokens.row_lengths, bytes(3600)),
+                   behavior_logprobs=group.behavior_logprobs, rewards=[0.0] * 300)
+
+
 def test_valid_groups_pass_the_quick_screen():
     rng = np.random.default_rng(0)
-    for g in (1, 4, 16):
-        lengths = rng.integers(0, 600, g)
+    for g in (1, 4, 16, 300):  # 300: beyond the cached row-length unpackers
+        lengths = rng.integers(0, 600 if g < 100 else 20, g)
         group = make_group(completion_tokens=[rng.integers(0, 50000, n).tolist() for n in lengths],
                            behavior_logprobs=[(-rng.exponential(size=n)).tolist() for n in lengths],
                            policy_mask=[rng.random(n) < 0.8 for n in lengths], rewards=[0.5] * g,
