@@ -74,6 +74,19 @@ def _raw(endpoint, rounds, ready, go, done):
         done.put(time.time())
 
 
+def _spawn(target, args, actors):
+    """`actors` processes running target(*args, ready, go, done), each told when to go by its own
+    queue; returns once all are ready: (processes, go queues, the shared done queue)."""
+    spawn = mp.get_context("spawn")
+    ready, done, gos = spawn.Queue(), spawn.Queue(), [spawn.Queue() for _ in range(actors)]
+    procs = [spawn.Process(target=target, args=(*args, ready, go, done)) for go in gos]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=300)
+    return procs, gos, done
+
+
 class Ours:
     """A WeightServer publishing the learner's tree, and `actors` processes fetching and building it."""
 
@@ -85,14 +98,7 @@ class Ours:
         self.layout = ParamLayout(self.params)
         self.ctx = zmq.Context()
         self.server = WeightServer("tcp://127.0.0.1:0", ctx=self.ctx).start()
-        spawn = mp.get_context("spawn")
-        ready, self.done, self.gos = spawn.Queue(), spawn.Queue(), [spawn.Queue() for _ in range(actors)]
-        self.procs = [spawn.Process(target=_ours, args=(self.server.endpoint, size, rounds, ready, go, self.done))
-                      for go in self.gos]
-        for p in self.procs:
-            p.start()
-        for _ in self.procs:
-            ready.get(timeout=300)
+        self.procs, self.gos, self.done = _spawn(_ours, (self.server.endpoint, size, rounds), actors)
         self.nbytes = sum(a.nbytes for _, a in self.layout.named(self.params))
 
     def round(self, v):
@@ -126,14 +132,7 @@ class Raw:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        spawn = mp.get_context("spawn")
-        ready, self.done, self.gos = spawn.Queue(), spawn.Queue(), [spawn.Queue() for _ in range(actors)]
-        self.procs = [spawn.Process(target=_raw, args=(f"tcp://127.0.0.1:{port}", rounds, ready, go, self.done))
-                      for go in self.gos]
-        for p in self.procs:
-            p.start()
-        for _ in self.procs:
-            ready.get(timeout=300)
+        self.procs, self.gos, self.done = _spawn(_raw, (f"tcp://127.0.0.1:{port}", rounds), actors)
 
     def round(self, v):
         t0 = time.time()
