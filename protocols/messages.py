@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import NoReturn
 
 import msgspec
 import numpy as np
@@ -242,7 +243,7 @@ _UNPACK_MAX = 256
 _UNPACK_INT32S: dict[int, object] = {}
 
 
-def _wrong_count(name: str, field: str, values, group_size: int) -> None:
+def _wrong_count(name: str, field: str, values, group_size: int) -> NoReturn:
     raise InvalidMessage(f"{name}.{field}: has {len(values)} entries for {group_size} completions "
                          f"in completion_tokens")
 
@@ -259,7 +260,7 @@ def _check_row_lengths(name: str, field: str, value: Ragged) -> int:
     return total
 
 
-def _wrong_size(name: str, field: str, value: Ragged, total: int) -> None:
+def _wrong_size(name: str, field: str, value: Ragged, total: int) -> NoReturn:
     itemsize = DTYPES[value.dtype].itemsize
     raise InvalidMessage(f"{name}.{field}: row lengths sum to {total} values but data holds "
                          f"{len(value.data) / itemsize:g}")
