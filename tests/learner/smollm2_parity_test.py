@@ -26,7 +26,9 @@ import jax  # noqa: E402
 from actors.engine import EngineConfig, JaxEngine  # noqa: E402
 from actors.tasks.config import TaskConfig  # noqa: E402
 from actors.tasks.registry import make_task  # noqa: E402
-from learner.models import hf_load, llama  # noqa: E402
+from launch.config import load_config  # noqa: E402
+from launch.policy import build_policy  # noqa: E402
+from learner.models import llama  # noqa: E402
 from learner.models.hf_tokenizer import HFTokenizer  # noqa: E402
 
 TOL = 2e-4
@@ -45,8 +47,10 @@ MORE_CHATS = [
 
 @pytest.fixture(scope="module")
 def cadence(smollm2_dir):
-    cfg, graphdef, params = hf_load.load_checkpoint(smollm2_dir)
-    return cfg, graphdef, params, HFTokenizer(smollm2_dir)
+    # What `cadence train model.path=DIR` builds: config, weights and tokenizer from the checkpoint.
+    policy = build_policy(load_config(overrides=[f"model.path={smollm2_dir}"]))
+    assert isinstance(policy.tokenizer, HFTokenizer)
+    return policy.model_cfg, policy.graphdef, policy.params, policy.tokenizer
 
 
 @pytest.fixture(scope="module")
