@@ -115,7 +115,7 @@ def np_entropy_and_neg_logprob(params, groups):
 
 
 def test_exact_entropy_only_when_the_loss_needs_it():
-    # entropy_coef = 0 (the default): no [M, T, V] softmax, the metric is the free sampled estimate;
+    # entropy_coef = 0: no [M, T, V] softmax, the metric is the free sampled estimate;
     # entropy_coef > 0: the exact entropy, which the bonus differentiates.
     params = init_params(5)
     groups = make_groups(2, seed=6)
