@@ -128,11 +128,16 @@ def sequence_mean(values: jax.Array, loss_mask: jax.Array, segments: jax.Array |
     if segments is None:
         lengths = jnp.sum(loss_mask, axis=-1, keepdims=True)  # [B, 1]
         return jnp.sum(values * loss_mask, axis=-1, keepdims=True) / jnp.maximum(lengths, 1.0)
-    means = segment_sums(values * loss_mask, segments) / jnp.maximum(segment_sums(loss_mask, segments), 1.0)
-    return jnp.take_along_axis(means, segments, axis=1)  # [B, T]
+    return jnp.take_along_axis(_segment_means(values, loss_mask, segments), segments, axis=1)  # [B, T]
 
 
-def count_sequences(loss_mask: jax.Array, segments: jax.Array | None = None) -> jax.Array:
+def _segment_means(values, loss_mask, segments) -> jax.Array:
+    """[B, T]: column j of row b holds the masked mean of segment j (0 for segments without
+    tokens, padding's segment 0 included)."""
+    return segment_sums(values * loss_mask, segments) / jnp.maximum(segment_sums(loss_mask, segments), 1.0)
+
+
+def sequences_with_tokens(loss_mask: jax.Array, segments: jax.Array | None = None) -> jax.Array:
     """Sequences (rows, or segments of packed rows) holding at least one completion token, >= 1."""
     if segments is None:
         return jnp.maximum(jnp.sum(jnp.any(loss_mask > 0, axis=-1)), 1)
@@ -247,10 +252,8 @@ def seq_mean_token_mean(values, loss_mask, num_tokens, num_sequences, constant, 
     del num_tokens, constant
     if segments is None:
         return jnp.sum(sequence_mean(values, loss_mask)) / num_sequences
-    # Packed rows: sum over segments of (segment sum / segment length); padding (segment 0) has no
-    # loss tokens and adds 0.
-    means = segment_sums(values * loss_mask, segments) / jnp.maximum(segment_sums(loss_mask, segments), 1.0)
-    return jnp.sum(means) / num_sequences
+    # Packed rows: one mean per segment (padding's segment 0 has no loss tokens and adds 0).
+    return jnp.sum(_segment_means(values, loss_mask, segments)) / num_sequences
 
 
 def seq_sum_norm(values, loss_mask, num_tokens, num_sequences, constant, segments=None) -> jax.Array:
@@ -282,7 +285,7 @@ def aggregate(values, loss_mask, cfg, num_tokens, num_sequences=None, completion
     """
     mode = getattr(cfg, "aggregation", "token_mean")
     if num_sequences is None:
-        num_sequences = count_sequences(loss_mask, segments)
+        num_sequences = sequences_with_tokens(loss_mask, segments)
     constant = getattr(cfg, "aggregation_constant", 0) or completion_budget
     if mode == "seq_sum_norm" and not constant > 0:
         raise ValueError("aggregation_constant: seq_sum_norm divides by the completion budget; set "

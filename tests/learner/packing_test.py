@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learner.algorithms.grpo import count_sequences, segment_sums, sequence_mean
+from learner.algorithms.grpo import segment_sums, sequence_mean, sequences_with_tokens
 from learner.algorithms.logprobs import token_logprobs
 from learner.batching import build_microbatches, pack_microbatch, unpack_microbatch
 from learner.config import GRPOConfig, LearnerConfig, OptimizerConfig
@@ -149,7 +149,7 @@ def test_segment_reductions_match_numpy():
             if s > 0:
                 np.testing.assert_allclose(means[b][sel], want, atol=1e-6)
     want = sum(1 for b in range(2) for s in range(1, 4) if mask[b][seg[b] == s].sum() > 0)
-    assert int(count_sequences(jnp.asarray(mask), jnp.asarray(seg))) == want == 4
+    assert int(sequences_with_tokens(jnp.asarray(mask), jnp.asarray(seg))) == want == 4
 
 
 def test_attention_allowed_is_causal_within_the_segment_and_skips_padding():
