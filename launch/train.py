@@ -32,12 +32,12 @@ from launch.pipeline import Pipeline, start_actor_processes
 from launch.policy import build_policy, export_policy, resolve_model_config, sglang_engine
 from launch.sinks import open_sinks
 from launch.recorder import Recorder, arrays_of
+from learner import packing
 from learner.checkpoint import Checkpointer
 from learner.controller import make_controller
 from learner.dynamic_sampling import make_group_filter
 from learner.loop import LearnerLoop, LoopSettings
 from learner.models.llama import count_params, forward
-from learner.packing import rows_per_microbatch
 from learner.steps import make_train_step
 from learner.steps.sft_step import SFTStep, build_sft_batch
 from protocols.admission import AdmissionGate
@@ -132,7 +132,7 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
     if cfg.learner.microbatch_tokens > 0:  # packed rows are L long: the budget must hold whole rows
         try:
-            rows_per_microbatch(cfg.learner.microbatch_tokens, L, procs.layout.rows if procs.layout else 1)
+            packing.rows_per_microbatch(cfg.learner.microbatch_tokens, L, procs.layout.rows if procs.layout else 1)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]

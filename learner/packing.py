@@ -180,13 +180,3 @@ def pack_microbatches(
     stats["row_fill"] = float(sample_lens.sum() / (n_rows * seq_len))
     return microbatches, stats
 
-
-def count_segments(microbatches: Sequence[Microbatch]) -> int:
-    """Sequences (segments) holding at least one completion token, over packed microbatches."""
-    total = 0
-    for mb in microbatches:
-        segments = np.asarray(mb.mask)
-        trained = np.asarray(mb.loss_mask) > 0
-        rows = np.nonzero(trained)[0]
-        total += len(np.unique(rows * segments.shape[1] + segments[trained]))
-    return total

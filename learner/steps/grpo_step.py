@@ -39,7 +39,6 @@ from learner.algorithms.grpo import finalize_metrics, grpo_token_loss
 from learner.algorithms.logprobs import token_logprobs, token_logprobs_and_entropy
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
-from learner.packing import count_segments
 
 # logits_fn(params, tokens [B, T], positions [B, T], mask [B, T]) -> logits [B, T, V]
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -56,9 +55,14 @@ class LearnerState(NamedTuple):
 def count_sequences(microbatches: Sequence[Microbatch]) -> int:
     """Rows holding at least one completion token (the global normalizer of sequence-level
     aggregations; padding rows do not count); segments of packed rows (int mask) likewise."""
-    if microbatches and np.asarray(microbatches[0].mask).dtype != np.bool_:
-        return count_segments(microbatches)
-    return int(sum(np.count_nonzero(np.asarray(mb.loss_mask).sum(axis=-1)) for mb in microbatches))
+    total = 0
+    for mb in microbatches:
+        trained, segments = np.asarray(mb.loss_mask) > 0, np.asarray(mb.mask)
+        if segments.dtype == np.bool_:  # one sequence per row
+            total += int(np.count_nonzero(trained.any(axis=-1)))
+        else:  # packed rows: distinct (row, segment id) pairs with a trained token
+            total += len(np.unique(np.nonzero(trained)[0] * segments.shape[1] + segments[trained]))
+    return total
 
 
 def _sum_squares(tree) -> jax.Array:
