@@ -250,8 +250,8 @@ class LearnerConfig:
     microbatch_size: int = 32  # Samples per jitted gradient accumulation step.
     # Token budget of a microbatch; > 0 packs samples several to a row (segment ids, positions
     # restarting per sequence, attention within each sequence): rows of seq_len, budget // seq_len
-    # rows per microbatch, as many microbatches as the batch's real tokens fill (microbatch_size is
-    # then unused by the learner). 0 = off: one sample per row. GRPO only.
+    # rows per microbatch, as many microbatches as the batch's real tokens fill (microbatch_size then
+    # only constrains batch sizes). 0 = off: one sample per row. GRPO only.
     microbatch_tokens: int = 0
     group_size: int = 8  # Completions per prompt (G).
     # Optimizer updates per batch (PPO-style minibatches over its microbatches; >1 makes the
