@@ -23,7 +23,7 @@ from actors.prompt_stream import PromptStream
 from actors.rewards import make_scorer
 from actors.tasks.registry import make_task
 from launch import artifacts, compile_cache, run_state
-from launch.config_loader import to_dict
+from launch.config_loader import ConfigError, to_dict
 from launch.config import Config, seq_len as config_seq_len
 from launch.learner_group import LearnerProcesses  # [sharded learner]
 from launch.lifecycle import Lifecycle
@@ -32,6 +32,7 @@ from launch.pipeline import Pipeline, start_actor_processes
 from launch.policy import build_policy, export_policy, resolve_model_config, sglang_engine
 from launch.sinks import open_sinks
 from launch.recorder import Recorder, arrays_of
+from learner import packing
 from learner.checkpoint import Checkpointer
 from learner.controller import make_controller
 from learner.dynamic_sampling import make_group_filter
@@ -129,6 +130,11 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
     task = make_task(cfg.task, policy.tokenizer)
     L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
+    if cfg.learner.microbatch_tokens > 0:  # packed rows are L long: the budget must hold whole rows
+        try:
+            packing.rows_per_microbatch(cfg.learner.microbatch_tokens, L, procs.layout.rows if procs.layout else 1)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]
                                  completion_budget=cfg.engine.max_new_tokens)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
@@ -203,7 +209,7 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
         controller.load_state_dict(meta["controller"])
     loop = LearnerLoop(learner.train_step, pipe.queue, gate, pipe,
                        LoopSettings(cfg.learner.batch_size, G, cfg.learner.microbatch_size, learner.seq_len,
-                                    policy.tokenizer.pad_id, cfg.learner.grpo),
+                                    policy.tokenizer.pad_id, cfg.learner.grpo, cfg.learner.microbatch_tokens),
                        health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
                        ledger=begin.ledger, publish=publish)  # [sharded learner]
     loop.group_filter = make_group_filter(cfg.learner)  # dynamic sampling (None when off)

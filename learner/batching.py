@@ -17,6 +17,9 @@ Token t's log-prob comes from logits[t - 1], so the prompt must hold at least on
 completion that does not fit is cut at seq_len (counted in stats["truncated_samples"]). Every
 microbatch has exactly [microbatch_size, seq_len]; the last is filled with padding rows (all-zero
 loss_mask), which contribute nothing, so the jitted step never sees a new shape.
+
+With learner.microbatch_tokens > 0, learner/packing.py lays samples out several to a row instead
+(segment ids in `mask`, positions restarting per sequence, per-token advantages).
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ class Microbatch(NamedTuple):
     """One fixed-shape microbatch (NumPy or device arrays)."""
 
     tokens: Any  # [M, T] int32: prompt + completion, right-padded with pad_id
-    positions: Any  # [M, T] int32: arange(T)
-    mask: Any  # [M, T] bool: real (non-padding) tokens
+    positions: Any  # [M, T] int32: arange(T) (packed rows: restarting at 0 for each sequence)
+    # [M, T] bool: real (non-padding) tokens; packed rows: int32 segment ids (1..k, 0 = padding)
+    mask: Any
     loss_mask: Any  # [M, T] float32: 1 on completion tokens
     behavior_logprobs: Any  # [M, T] float32: sampler log-probs aligned with tokens, 0 elsewhere
-    advantages: Any  # [M] float32: one advantage per sample
+    advantages: Any  # [M] float32: one advantage per sample (packed rows: [M, T], per token)
     rewards: Any = None  # [M] float32: the sample's verifiable reward (PPO puts it on the last token)
 
 
@@ -174,6 +178,13 @@ def build_microbatches(
         Microbatch(*(field[i * microbatch_size : (i + 1) * microbatch_size] for field in rows))
         for i in range(num_mb)
     ]
+    return microbatches, batch_stats(groups, advantages, trained_tokens, num_samples, num_mb, lengths,
+                                     truncated, truncation_kl)
+
+
+def batch_stats(groups, advantages, trained_tokens: int, num_samples: int, num_mb: int, lengths,
+                truncated: int, truncation_kl: list) -> dict:
+    """The stats dict of a laid-out batch (see build_microbatches)."""
     rewards = np.concatenate([np.asarray(g.rewards, np.float64).reshape(-1) for g in groups])
     versions = np.asarray([g.policy_version for g in groups], np.int64)
     zero_adv = [bool(np.all(a == 0)) for a in advantages]
@@ -194,13 +205,14 @@ def build_microbatches(
     }
     if truncation_kl:
         stats["truncation_kl"] = float(np.concatenate(truncation_kl).mean())
-    return microbatches, stats
+    return stats
 
 
 # ---- one-buffer transfer: a microbatch as a single int32 array [M, 5T + 1] (+1 with rewards) ----
 # Six small host->device copies per microbatch cost more host time than the data is worth; the
 # train step sends one packed buffer instead and unpacks it inside jit (float fields travel as
-# their bit patterns, so the round trip is exact).
+# their bit patterns, so the round trip is exact). Packed rows (segment ids, per-token advantages)
+# travel as [M, 6T].
 
 
 def _f32_bits(x) -> np.ndarray:
@@ -209,14 +221,16 @@ def _f32_bits(x) -> np.ndarray:
 
 def pack_microbatch(mb: Microbatch, include_rewards: bool = False) -> np.ndarray:
     """[M, 5T + 1] int32: tokens | positions | mask | loss_mask bits | behavior bits | advantage
-    bits; include_rewards appends a column of reward bits ([M, 5T + 2]; PPO needs them)."""
+    bits; include_rewards appends a column of reward bits ([M, 5T + 2]; PPO needs them). Packed
+    rows ([M, T] advantages): [M, 6T], the mask holding the segment ids."""
+    advantages = _f32_bits(mb.advantages)
     fields = [
         np.asarray(mb.tokens, np.int32),
         np.asarray(mb.positions, np.int32),
         np.asarray(mb.mask, np.int32),
         _f32_bits(mb.loss_mask),
         _f32_bits(mb.behavior_logprobs),
-        _f32_bits(mb.advantages)[:, None],
+        advantages if advantages.ndim == 2 else advantages[:, None],
     ]
     if include_rewards:
         rewards = mb.rewards if mb.rewards is not None else np.zeros(len(mb.advantages), np.float32)
@@ -224,10 +238,21 @@ def pack_microbatch(mb: Microbatch, include_rewards: bool = False) -> np.ndarray
     return np.concatenate(fields, axis=1)
 
 
-def unpack_microbatch(packed, has_rewards: bool = False) -> Microbatch:
-    """Inverse of pack_microbatch (jnp; use inside jit). seq_len is (width - 1 - has_rewards) // 5."""
-    t = (packed.shape[1] - 1 - int(has_rewards)) // 5
+def unpack_microbatch(packed, has_rewards: bool = False, segments: bool = False) -> Microbatch:
+    """Inverse of pack_microbatch (jnp; use inside jit). seq_len is (width - 1 - has_rewards) // 5,
+    or with `segments` (packed rows, no rewards) width // 6."""
     bits = lambda x: lax.bitcast_convert_type(x, jnp.float32)  # noqa: E731
+    if segments:
+        t = packed.shape[1] // 6
+        return Microbatch(
+            tokens=packed[:, :t],
+            positions=packed[:, t : 2 * t],
+            mask=packed[:, 2 * t : 3 * t],  # int32 segment ids
+            loss_mask=bits(packed[:, 3 * t : 4 * t]),
+            behavior_logprobs=bits(packed[:, 4 * t : 5 * t]),
+            advantages=bits(packed[:, 5 * t :]),  # [M, T]
+        )
+    t = (packed.shape[1] - 1 - int(has_rewards)) // 5
     return Microbatch(
         tokens=packed[:, :t],
         positions=packed[:, t : 2 * t],

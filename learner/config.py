@@ -254,6 +254,11 @@ class LearnerConfig:
     algorithm: Literal["grpo", "ppo"] = "grpo"  # Objective: group advantages, or PPO with a critic.
     batch_size: int = 128  # Samples per update (prompts x group_size).
     microbatch_size: int = 32  # Samples per jitted gradient accumulation step.
+    # Token budget of a microbatch; > 0 packs samples several to a row (segment ids, positions
+    # restarting per sequence, attention within each sequence): rows of seq_len, budget // seq_len
+    # rows per microbatch, as many microbatches as the batch's real tokens fill (microbatch_size then
+    # only constrains batch sizes). 0 = off: one sample per row. GRPO only.
+    microbatch_tokens: int = 0
     group_size: int = 8  # Completions per prompt (G).
     # Optimizer updates per batch (PPO-style minibatches over its microbatches; >1 makes the
     # decoupled correction's clip bind: its proximal policy is the learner at the batch's start).
@@ -283,6 +288,11 @@ class LearnerConfig:
             raise ValueError(f"microbatch_size: must be >= 1, got {self.microbatch_size}")
         if self.group_size < 1:
             raise ValueError(f"group_size: must be >= 1, got {self.group_size}")
+        if self.microbatch_tokens < 0:
+            raise ValueError(f"microbatch_tokens: must be >= 0 (0 = no packing), got {self.microbatch_tokens}")
+        if self.microbatch_tokens > 0 and self.algorithm == "ppo":
+            # PPO's values and GAE run along a row: one sequence per row.
+            raise ValueError("microbatch_tokens: packing is built for grpo only; ppo needs 0 (one sample per row)")
         if self.batch_size % self.microbatch_size:
             raise ValueError(
                 f"batch_size: must be a multiple of microbatch_size ({self.microbatch_size}), "

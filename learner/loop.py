@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from learner.batching import build_microbatches
+from learner.packing import pack_microbatches, rows_per_microbatch
 from protocols.admission import AdmissionGate
 from protocols.ledger import SampleLedger
 
@@ -37,6 +38,7 @@ class LoopSettings:
     seq_len: int  # fixed microbatch length: prompt + completion, padded
     pad_id: int
     grpo: Any  # learner.config.GRPOConfig
+    microbatch_tokens: int = 0  # > 0: pack samples into microbatches of this token budget (learner/packing.py)
 
 
 @dataclasses.dataclass
@@ -143,8 +145,13 @@ class LearnerLoop:
     def train_on(self, state, batch: Batch):
         s = self.settings
         t0 = time.perf_counter()
-        microbatches, stats = build_microbatches(batch.groups, s.seq_len, s.microbatch_size,
-                                                 s.pad_id, s.grpo)
+        if s.microbatch_tokens > 0:
+            microbatches, stats = pack_microbatches(batch.groups, s.seq_len,
+                                                    rows_per_microbatch(s.microbatch_tokens, s.seq_len),
+                                                    s.pad_id, s.grpo)
+        else:
+            microbatches, stats = build_microbatches(batch.groups, s.seq_len, s.microbatch_size,
+                                                     s.pad_id, s.grpo)
         state, metrics = self.train_step.update(state, microbatches, stats["num_tokens"])
         train_seconds = time.perf_counter() - t0
         self.samples += sum(len(g.rewards) for g in batch.groups)
@@ -168,6 +175,8 @@ class LearnerLoop:
         })
         if "truncation_kl" in stats:  # top-p's share of the sampler/learner mismatch
             out["truncation_kl"] = stats["truncation_kl"]
+        if "row_fill" in stats:  # packing: real tokens / tokens the learner computed
+            out["learner/row_fill"] = stats["row_fill"]
         out.update(self._task_metrics(batch.groups))
         return state, out
 

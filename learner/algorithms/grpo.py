@@ -110,10 +110,38 @@ def _capped_weight(log_weight: jax.Array, is_cap: float) -> jax.Array:
     return jnp.minimum(weight, is_cap) if is_cap > 0 else weight
 
 
-def sequence_mean(values: jax.Array, loss_mask: jax.Array) -> jax.Array:
-    """[B, T] -> [B, 1]: the masked mean over each row's tokens (0 for a row without tokens)."""
-    lengths = jnp.sum(loss_mask, axis=-1, keepdims=True)  # [B, 1]
-    return jnp.sum(values * loss_mask, axis=-1, keepdims=True) / jnp.maximum(lengths, 1.0)
+def segment_sums(values: jax.Array, segments: jax.Array) -> jax.Array:
+    """[B, T] values, [B, T] int segment ids (1..k per row, 0 = padding) -> [B, T]: column j of row
+    b holds the sum of row b's values in segment j (a row has at most T segments, so T columns
+    always suffice: one static shape however many sequences a row packs). A scatter-add, O(B T)."""
+    rows = jnp.arange(values.shape[0])[:, None]  # [B, 1]
+    return jnp.zeros_like(values).at[rows, segments].add(values)
+
+
+def sequence_mean(values: jax.Array, loss_mask: jax.Array, segments: jax.Array | None = None
+                  ) -> jax.Array:
+    """The masked mean over each sequence's tokens (0 for a sequence without tokens).
+
+    segments None (one sequence per row): [B, T] -> [B, 1]. With [B, T] int segment ids (packed
+    rows): [B, T], every token carrying its own segment's mean.
+    """
+    if segments is None:
+        lengths = jnp.sum(loss_mask, axis=-1, keepdims=True)  # [B, 1]
+        return jnp.sum(values * loss_mask, axis=-1, keepdims=True) / jnp.maximum(lengths, 1.0)
+    return jnp.take_along_axis(_segment_means(values, loss_mask, segments), segments, axis=1)  # [B, T]
+
+
+def _segment_means(values, loss_mask, segments) -> jax.Array:
+    """[B, T]: column j of row b holds the masked mean of segment j (0 for segments without
+    tokens, padding's segment 0 included)."""
+    return segment_sums(values * loss_mask, segments) / jnp.maximum(segment_sums(loss_mask, segments), 1.0)
+
+
+def sequences_with_tokens(loss_mask: jax.Array, segments: jax.Array | None = None) -> jax.Array:
+    """Sequences (rows, or segments of packed rows) holding at least one completion token, >= 1."""
+    if segments is None:
+        return jnp.maximum(jnp.sum(jnp.any(loss_mask > 0, axis=-1)), 1)
+    return jnp.maximum(jnp.sum(segment_sums(loss_mask, segments) > 0), 1)
 
 
 def importance_ratio_and_weight(
@@ -124,13 +152,15 @@ def importance_ratio_and_weight(
     correction: str,
     is_cap: float,
     level: str = "token",
+    segments: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The ratio the clip acts on and the truncated importance weight, both [B, T].
 
     level "token": r_t = exp(log r_t), w_t = min(exp(log w_t), is_cap).
-    level "sequence" (GSPO): every token of row b gets s_b = exp(mean_t log r_t) and
+    level "sequence" (GSPO): every token of sequence b gets s_b = exp(mean_t log r_t) and
     min(exp(mean_t log w_t), is_cap), the length-normalized sequence likelihood ratio, whose
-    gradient is s_b * mean_t d log pi_t.
+    gradient is s_b * mean_t d log pi_t. A sequence is a row, or with `segments` ([B, T] int
+    segment ids of packed rows) one segment.
 
     Args:
       logprobs, behavior_logprobs, proximal_logprobs: [B, T] (0 off the mask).
@@ -138,15 +168,17 @@ def importance_ratio_and_weight(
       correction: a key of LOG_CORRECTIONS.
       is_cap: cap of the weight; <= 0 disables it.
       level: "token" or "sequence".
+      segments: optional [B, T] int segment ids (0 = padding) of packed rows.
 
     Returns:
       (ratio [B, T], weight [B, T] with no gradient; ones where the correction has none).
     """
     log_ratio, log_weight = LOG_CORRECTIONS[correction](logprobs, behavior_logprobs, proximal_logprobs)
     if level == "sequence":
-        log_ratio = jnp.broadcast_to(sequence_mean(log_ratio, loss_mask), log_ratio.shape)
+        log_ratio = jnp.broadcast_to(sequence_mean(log_ratio, loss_mask, segments), log_ratio.shape)
         if log_weight is not None:
-            log_weight = jnp.broadcast_to(sequence_mean(log_weight, loss_mask), log_weight.shape)
+            log_weight = jnp.broadcast_to(sequence_mean(log_weight, loss_mask, segments),
+                                          log_weight.shape)
     elif level != "token":
         raise ValueError(f"importance level must be 'token' or 'sequence', got {level!r}")
     ratio = jnp.exp(jnp.clip(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
@@ -214,45 +246,51 @@ def token_sum(values: jax.Array, loss_mask: jax.Array, num_tokens) -> jax.Array:
     return jnp.sum(values * loss_mask) / num_tokens
 
 
-def seq_mean_token_mean(values, loss_mask, num_tokens, num_sequences, constant) -> jax.Array:
+def seq_mean_token_mean(values, loss_mask, num_tokens, num_sequences, constant, segments=None
+                        ) -> jax.Array:
     """Mean over each sequence's tokens, then sum / the global number of sequences."""
     del num_tokens, constant
-    return jnp.sum(sequence_mean(values, loss_mask)) / num_sequences
+    if segments is None:
+        return jnp.sum(sequence_mean(values, loss_mask)) / num_sequences
+    # Packed rows: one mean per segment (padding's segment 0 has no loss tokens and adds 0).
+    return jnp.sum(_segment_means(values, loss_mask, segments)) / num_sequences
 
 
-def seq_sum_norm(values, loss_mask, num_tokens, num_sequences, constant) -> jax.Array:
+def seq_sum_norm(values, loss_mask, num_tokens, num_sequences, constant, segments=None) -> jax.Array:
     """Each sequence's token sum / a constant, then sum / the global number of sequences (Dr.GRPO)."""
-    del num_tokens
+    del num_tokens, segments  # the same total however sequences are laid out
     return jnp.sum(values * loss_mask) / (num_sequences * constant)
 
 
 Aggregation = Callable[..., jax.Array]
-# (values [B, T], loss_mask [B, T], num_tokens, num_sequences, constant) -> scalar; num_tokens and
-# num_sequences are GLOBAL counts (whole batch), so microbatch results add up to the batch value.
+# (values [B, T], loss_mask [B, T], num_tokens, num_sequences, constant, segments) -> scalar;
+# num_tokens and num_sequences are GLOBAL counts (whole batch), so microbatch results add up to the
+# batch value; segments: None (a sequence per row) or [B, T] int segment ids of packed rows.
 AGGREGATIONS: dict[str, Aggregation] = {
-    "token_mean": lambda v, m, n_tok, n_seq, c: token_sum(v, m, n_tok),
+    "token_mean": lambda v, m, n_tok, n_seq, c, seg=None: token_sum(v, m, n_tok),
     "seq_mean_token_mean": seq_mean_token_mean,
     "seq_sum_norm": seq_sum_norm,
 }
 
 
-def aggregate(values, loss_mask, cfg, num_tokens, num_sequences=None, completion_budget: int = 0
-              ) -> jax.Array:
+def aggregate(values, loss_mask, cfg, num_tokens, num_sequences=None, completion_budget: int = 0,
+              segments=None) -> jax.Array:
     """Aggregates per-token values with cfg.aggregation (GRPOConfig); see AGGREGATIONS.
 
-    num_sequences defaults to the rows of this (micro)batch that hold a completion token.
+    num_sequences defaults to the sequences of this (micro)batch that hold a completion token
+    (rows, or with `segments` the segments of packed rows).
     seq_sum_norm divides each sequence's sum by cfg.aggregation_constant, or when that is 0 by
     completion_budget (the most tokens a completion may have: Dr.GRPO's generation budget, not
     the row length, which also holds the prompt and padding).
     """
     mode = getattr(cfg, "aggregation", "token_mean")
     if num_sequences is None:
-        num_sequences = jnp.maximum(jnp.sum(jnp.any(loss_mask > 0, axis=-1)), 1)
+        num_sequences = sequences_with_tokens(loss_mask, segments)
     constant = getattr(cfg, "aggregation_constant", 0) or completion_budget
     if mode == "seq_sum_norm" and not constant > 0:
         raise ValueError("aggregation_constant: seq_sum_norm divides by the completion budget; set "
                          "learner.grpo.aggregation_constant or pass completion_budget (engine.max_new_tokens)")
-    return AGGREGATIONS[mode](values, loss_mask, num_tokens, num_sequences, float(constant))
+    return AGGREGATIONS[mode](values, loss_mask, num_tokens, num_sequences, float(constant), segments)
 
 
 def mismatch_metrics(
@@ -299,6 +337,7 @@ def grpo_token_loss(
     proximal_logprobs: jax.Array | None = None,
     num_sequences=None,
     completion_budget: int = 0,
+    segments: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO-family loss of a (micro)batch: clipped surrogate, correction, aggregation.
 
@@ -310,7 +349,8 @@ def grpo_token_loss(
     Args:
       logprobs: [B, T] learner log-probs of the tokens (differentiable).
       behavior_logprobs: [B, T] the sampler's log-probs of the same tokens (0 off the mask).
-      advantages: [B] one advantage per sample (broadcast over its tokens), or [B, T] per token.
+      advantages: [B] one advantage per sample (broadcast over its tokens), or [B, T] per token
+        (packed rows: each token carries its sequence's advantage).
       loss_mask: [B, T] 1.0 on completion tokens, 0 elsewhere (prompt, padding, padding rows).
       num_tokens: the GLOBAL number of completion tokens of the whole batch (all microbatches).
       cfg: GRPOConfig (clip_low, clip_high, dual_clip, correction, is_cap, entropy_coef, aggregation,
@@ -323,6 +363,9 @@ def grpo_token_loss(
         aggregations); default: those of this (micro)batch.
       completion_budget: the most tokens a completion may have (engine.max_new_tokens): the
         divisor of seq_sum_norm when cfg.aggregation_constant is 0.
+      segments: optional [B, T] int segment ids of packed rows (1..k per row, 0 = padding): the
+        sequence-level parts (aggregation, GSPO's sequence ratio, the default num_sequences) then
+        treat each segment as its own sequence. None: one sequence per row.
 
     Returns:
       (loss scalar, metrics): metrics are additive over microbatches (token sums / num_tokens):
@@ -342,15 +385,16 @@ def grpo_token_loss(
 
     level = getattr(cfg, "importance_level", "token")
     ratio, weight = importance_ratio_and_weight(
-        logprobs, behavior_logprobs, proximal_logprobs, mask, cfg.correction, cfg.is_cap, level
-    )  # [B, T] each
+        logprobs, behavior_logprobs, proximal_logprobs, mask, cfg.correction, cfg.is_cap, level,
+        segments)  # [B, T] each
     advantages = advantages.astype(jnp.float32)
     if advantages.ndim == 1:
         advantages = advantages[:, None]  # [B, 1]: one per sequence
     dual_clip = getattr(cfg, "dual_clip", 0.0)
     objective, clipped = clipped_surrogate(ratio, advantages, cfg.clip_low, cfg.clip_high,
                                            dual_clip)  # [B, T]
-    pg_loss = -aggregate(weight * objective, mask, cfg, num_tokens, num_sequences, completion_budget)
+    pg_loss = -aggregate(weight * objective, mask, cfg, num_tokens, num_sequences, completion_budget,
+                         segments)
     loss = pg_loss
 
     sg = jax.lax.stop_gradient

@@ -189,6 +189,22 @@ def _linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, names: tupl
     )
 
 
+def attention_allowed(mask: jax.Array) -> jax.Array:
+    """[B, T] -> [B, T, T] bool: which keys (last axis) each query may attend to, without a cache.
+
+    A bool mask marks the real tokens of a row holding one sequence: causal, keys where mask is
+    True. An integer mask holds segment ids of a packed row (1..k per sequence, 0 = padding): causal
+    AND same segment AND the key is not padding, so no sequence sees another's tokens (positions
+    restarting per segment alone would not stop that). The bool form is the one-segment case.
+    """
+    t = mask.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), bool))[None]  # [1, T, T]
+    if mask.dtype == jnp.bool_:
+        return causal & mask[:, None, :]
+    same = mask[:, :, None] == mask[:, None, :]  # [B, T, T]
+    return causal & same & (mask[:, None, :] > 0)
+
+
 class Attention(nnx.Module):
     """Causal GQA self-attention with RoPE and an optional KV cache."""
 
@@ -276,7 +292,8 @@ class Llama(nnx.Module):
             self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, rngs, ("embed", "vocab"))
 
     def __call__(self, tokens, positions, mask, cache: KVCache | None = None, remat: str = "none"):
-        """tokens/positions [B, T] int32, mask [B, T] bool -> (hidden [B, T, D], updated cache or None).
+        """tokens/positions [B, T] int32, mask [B, T] bool (or, without a cache, int segment ids:
+        see attention_allowed) -> (hidden [B, T, D], updated cache or None).
 
         remat ("none", "block", "full"; ignored with a cache) rematerialises each decoder block in
         the backward pass (see _run_block)."""
@@ -286,8 +303,7 @@ class Llama(nnx.Module):
                                 rope_inv_freq(self.cfg))  # a constant XLA folds
         if cache is None:
             start = None
-            causal = jnp.tril(jnp.ones((t, t), bool))  # [T, T]
-            allowed = causal[None] & mask[:, None, :]  # [B, T, T]
+            allowed = attention_allowed(mask)  # [B, T, T]
         else:
             start = cache.length
             key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, start))  # [B, L]
@@ -394,7 +410,8 @@ def forward(graphdef, params, tokens, positions, mask, remat: str = "none") -> j
       graphdef, params: from ``init_params``.
       tokens, positions: [B, T] int32.
       mask: [B, T] bool, True for real tokens. Attention is causal over columns and ignores keys
-        where mask is False.
+        where mask is False. Or [B, T] int segment ids of packed rows (0 = padding): attention
+        also stays within each segment (attention_allowed); positions then restart per segment.
       remat: "none", "block" or "full" (learner.remat): what the backward pass recomputes.
 
     Returns:

@@ -54,8 +54,15 @@ class LearnerState(NamedTuple):
 
 def count_sequences(microbatches: Sequence[Microbatch]) -> int:
     """Rows holding at least one completion token (the global normalizer of sequence-level
-    aggregations; padding rows do not count)."""
-    return int(sum(np.count_nonzero(np.asarray(mb.loss_mask).sum(axis=-1)) for mb in microbatches))
+    aggregations; padding rows do not count); segments of packed rows (int mask) likewise."""
+    total = 0
+    for mb in microbatches:
+        trained, segments = np.asarray(mb.loss_mask) > 0, np.asarray(mb.mask)
+        if segments.dtype == np.bool_:  # one sequence per row
+            total += int(np.count_nonzero(trained.any(axis=-1)))
+        else:  # packed rows: distinct (row, segment id) pairs with a trained token
+            total += len(np.unique(np.nonzero(trained)[0] * segments.shape[1] + segments[trained]))
+    return total
 
 
 def _sum_squares(tree) -> jax.Array:
@@ -82,6 +89,8 @@ class GRPOTrainStep:
                  donate_state: bool = False, layout: sharding.Layout | None = None):
         self.cfg = cfg
         self.completion_budget = int(completion_budget)
+        # learner.microbatch_tokens > 0: microbatches come packed (segment ids in mask, [M, 6T] on device)
+        self.packed = cfg.microbatch_tokens > 0
         self.optimizer = optim.make_optimizer(cfg.optimizer)
         self.layout = layout
         self._logits_fn = logits_fn if layout is None else layout.activations(logits_fn)
@@ -134,16 +143,16 @@ class GRPOTrainStep:
         return grpo_token_loss(
             logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
             entropy=entropy, proximal_logprobs=proximal_logprobs, num_sequences=num_sequences,
-            completion_budget=self.completion_budget,
+            completion_budget=self.completion_budget, segments=mb.mask if self.packed else None,
         )
 
     def _proximal_impl(self, params, packed):
-        mb = unpack_microbatch(packed)
+        mb = unpack_microbatch(packed, segments=self.packed)
         logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
         return token_logprobs(logits, mb.tokens, self.cfg.grpo.temperature)  # [M, T]
 
     def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None):
-        mb = unpack_microbatch(packed)  # [M, 5T + 1] int32 -> Microbatch
+        mb = unpack_microbatch(packed, segments=self.packed)  # [M, 5T + 1] (packed: 6T) -> Microbatch
         (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
             params, mb, num_tokens, num_sequences, proximal
         )

@@ -28,6 +28,10 @@ def test_grpo_steps_on_meshes_equal_one_device_and_checkpoint_reshards():
     run_checks("grpo_fsdp_tensor", "grpo_data_fsdp", "bytes_per_device", "checkpoint_reshards")
 
 
+def test_packed_grpo_steps_on_a_mesh_equal_one_device():
+    run_checks("grpo_packed_data_fsdp")
+
+
 @pytest.mark.slow
 def test_ppo_steps_on_meshes_equal_one_device():
     run_checks("ppo_fsdp_tensor", "ppo_data_fsdp")

@@ -1,0 +1,182 @@
+"""Token-budget microbatches: samples packed several to a row (learner.microbatch_tokens > 0).
+
+The padded layout (learner/batching.py) gives every sample a whole row of seq_len columns, so a
+batch of short completions and one long one pays seq_len per sample. Here each sample (prompt +
+completion, the same tokens as there) goes into the first row with room, longest first (first-fit
+decreasing), and a row holds as many as fit:
+
+  tokens     [p p c c c | p p p c c | pad pad]      two sequences and padding in one row
+  mask       [1 1 1 1 1 | 2 2 2 2 2 | 0   0  ]      segment ids: 1..k per row, 0 = padding
+  positions  [0 1 2 3 4 | 0 1 2 3 4 | 0   0  ]      restart at 0 for each sequence (RoPE)
+  loss_mask  [0 0 1 1 1 | 0 0 0 1 1 | 0   0  ]      as in the padded layout
+  advantages [a a a a a | b b b b b | 0   0  ]      per token: its sequence's advantage
+
+The model confines attention to a token's own segment (learner/models/llama.attention_allowed),
+and the sequence-level parts of the loss treat each segment as a sequence, so a packed batch has
+the padded batch's loss and gradient. A segment's first token is always a prompt token (loss
+mask 0): its log-prob would be scored from the previous segment's last position.
+
+Shapes stay fixed: rows are seq_len long (longest prompt + completion budget, the padded row) and
+a microbatch holds rows_per_microbatch = microbatch_tokens // seq_len of them, so the jitted step
+sees one shape; only the number of microbatches follows the batch's real token count. Keeping the
+row at seq_len also keeps attention's cost per row (quadratic in the row length) what it is
+padded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from learner.batching import Microbatch, _advantages_per_group, _packed, batch_stats
+
+
+def rows_per_microbatch(microbatch_tokens: int, seq_len: int, row_multiple: int = 1) -> int:
+    """Rows of seq_len columns per microbatch for a token budget.
+
+    Raises:
+      ValueError naming learner.microbatch_tokens: a budget below one row, or one whose rows do
+      not split over `row_multiple` devices (data x fsdp of a mesh).
+    """
+    if microbatch_tokens < seq_len:
+        raise ValueError(f"learner.microbatch_tokens: {microbatch_tokens} is less than one row of "
+                         f"seq_len = {seq_len} tokens (longest prompt + engine.max_new_tokens, rounded "
+                         "up to 8); set it to a multiple of seq_len")
+    rows = microbatch_tokens // seq_len
+    if rows % row_multiple:
+        raise ValueError(f"learner.microbatch_tokens: {microbatch_tokens} // seq_len {seq_len} = {rows} "
+                         f"rows per microbatch do not split over data x fsdp = {row_multiple} devices")
+    return rows
+
+
+def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Places items of `lengths` (each <= capacity) into rows of `capacity`: longest first, each
+    into the first row with room.
+
+    Returns:
+      (row [N], offset [N] (first column), segment [N] (1..k within its row, in placement order),
+      number of rows used).
+    """
+    n = len(lengths)
+    row, offset, segment = (np.zeros(n, np.int64) for _ in range(3))
+    free = np.zeros(n, np.int64)  # room left in each opened row
+    count = np.zeros(n, np.int64)  # segments in each opened row
+    used = 0
+    for i in np.argsort(-np.asarray(lengths), kind="stable"):
+        length = int(lengths[i])
+        fits = np.flatnonzero(free[:used] >= length)
+        if fits.size:
+            r = int(fits[0])
+        else:
+            r, used = used, used + 1
+            free[r] = capacity
+        row[i], offset[i] = r, capacity - free[r]
+        free[r] -= length
+        count[r] += 1
+        segment[i] = count[r]
+    return row, offset, segment, used
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(index of the range, position within it) for the concatenation of ranges of `lengths`."""
+    lengths = np.asarray(lengths, np.int64)
+    which = np.repeat(np.arange(len(lengths)), lengths)
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return which, within
+
+
+def pack_microbatches(
+    groups: Sequence[Any], seq_len: int, rows_per_mb: int, pad_id: int, grpo_cfg
+) -> tuple[list[Microbatch], dict]:
+    """Lays out rollout groups packed several samples to a row (see the module docstring).
+
+    Args:
+      groups: RolloutGroup-like objects, as for learner.batching.build_microbatches.
+      seq_len: T, the row length; a sample longer than that has its completion cut (counted in
+        stats["truncated_samples"]), as in the padded layout.
+      rows_per_mb: rows per microbatch (rows_per_microbatch).
+      pad_id: token id of padding.
+      grpo_cfg: GRPOConfig (advantages; behavior_logprobs "nucleus").
+
+    Returns:
+      (microbatches of [rows_per_mb, T]: mask = int32 segment ids, advantages [rows_per_mb, T]
+      per token, rewards None; stats as build_microbatches's, plus packed_rows (rows holding a
+      sequence) and row_fill (real tokens / tokens of all microbatches)).
+
+    Raises:
+      ValueError: as build_microbatches.
+    """
+    if not groups:
+        raise ValueError("pack_microbatches: no groups")
+    if rows_per_mb < 1:
+        raise ValueError(f"pack_microbatches: rows_per_mb must be >= 1, got {rows_per_mb}")
+    packed = [_packed(g) for g in groups]
+    for g in groups:
+        if not 0 < len(g.prompt_tokens) < seq_len:
+            raise ValueError(
+                f"group {g.prompt_id!r}: prompt of {len(g.prompt_tokens)} tokens needs "
+                f"1 <= length < seq_len ({seq_len})"
+            )
+    advantages = _advantages_per_group(groups, grpo_cfg)
+
+    # Every sample's kept length, then where it goes.
+    prompt_lens = [len(g.prompt_tokens) for g in groups]
+    full = [tokens.lengths.astype(np.int64) for tokens, *_ in packed]
+    kept = [np.minimum(f, seq_len - p) for f, p in zip(full, prompt_lens)]
+    sample_lens = np.concatenate([p + k for p, k in zip(prompt_lens, kept)])
+    row, offset, segment, used = first_fit_decreasing(sample_lens, seq_len)
+    num_mb = max(1, -(-used // rows_per_mb))
+    n_rows = num_mb * rows_per_mb
+    shape = (n_rows, seq_len)
+    tokens_out = np.full(shape, pad_id, np.int32)
+    positions = np.zeros(shape, np.int32)
+    segments = np.zeros(shape, np.int32)
+    loss_mask = np.zeros(shape, np.float32)
+    behavior_out = np.zeros(shape, np.float32)
+    adv_out = np.zeros(shape, np.float32)
+
+    nucleus = getattr(grpo_cfg, "behavior_logprobs", "full") == "nucleus"
+    first, truncated, lengths, trained_tokens, truncation_kl = 0, 0, [], 0, []
+    for g, (tokens, behavior, policy, kept_mass), adv, p, k, f in zip(
+            groups, packed, advantages, prompt_lens, kept, full):
+        n = len(tokens)
+        r, o, s = (x[first : first + n] for x in (row, offset, segment))
+        first += n
+        # The whole sequence (prompt + kept completion): segment id, position, advantage.
+        which, within = _ranges(o, p + k)
+        cells = (r[which], o[which] + within)
+        segments[cells] = s[which]
+        positions[cells] = within
+        adv_out[cells] = np.asarray(adv, np.float32)[which]
+        prompt_cells = within < p
+        tokens_out[cells[0][prompt_cells], cells[1][prompt_cells]] = np.tile(np.asarray(g.prompt_tokens, np.int32), n)
+        # The completion: flat copies from the packed buffers, as in build_microbatches.
+        which, within = _ranges(o, k)
+        src = tokens.offsets[:-1][which] + within
+        dst = (r[which], o[which] + p + within)
+        tokens_out[dst] = tokens.values[src]
+        trained = np.ones(len(src), np.float32) if policy is None else policy.values[src].astype(np.float32)
+        loss_mask[dst] = trained
+        behavior_values = behavior.values[src] * trained
+        if kept_mass is not None:
+            kept_values = kept_mass.values[src] * trained
+            truncation_kl.append(-kept_values[trained > 0])
+            if nucleus:
+                behavior_values -= kept_values
+        behavior_out[dst] = behavior_values
+        truncated += int((k < f).sum())
+        lengths.extend(k.tolist())
+        trained_tokens += int(trained.sum())
+
+    fields = (tokens_out, positions, segments, loss_mask, behavior_out, adv_out)
+    microbatches = [
+        Microbatch(*(x[i * rows_per_mb : (i + 1) * rows_per_mb] for x in fields), rewards=None)
+        for i in range(num_mb)
+    ]
+    stats = batch_stats(groups, advantages, trained_tokens, len(sample_lens), num_mb, lengths,
+                        truncated, truncation_kl)
+    stats["packed_rows"] = int(used)
+    stats["row_fill"] = float(sample_lens.sum() / (n_rows * seq_len))
+    return microbatches, stats
+
