@@ -13,7 +13,7 @@ compiled step (median of --repeats). The executed run ("run") has --layers 2: at
 30-layer shape is compiled only, for XLA's memory analysis ("full_depth_xla", --xla-layers).
 Prints one JSON line.
 Run: `python benchmarks/logprobs_bench.py [--layers 2] [--xla-layers 30] [--batch 8] [--seq 1024]
-[--chunk 256]` (about 10 minutes on 2 cores).
+[--chunk 128]` (about 10 minutes on 2 cores).
 `--shape builtin`: the built-in model (127k params, vocab 64) at the default run's microbatch,
 32 x 16 tokens, with a chunk (8) that does split it: what chunking costs where logits are tiny.
 """
@@ -146,14 +146,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=None, help="rows (default 8; builtin 32)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per row (default 1024; builtin 16)")
     ap.add_argument("--chunk", type=int, default=None,
-                    help="learner.logits_chunk of the chunked variant (default 256; builtin 8)")
+                    help="learner.logits_chunk of the chunked variant (default 128; builtin 8)")
     ap.add_argument("--remat", default="none", help="learner.remat for both variants")
     ap.add_argument("--repeats", type=int, default=None, help="timed steps, median (default 2; builtin 30)")
     ap.add_argument("--logits-chunk", type=int, default=None, help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)  # child mode
     args = ap.parse_args()
     small = args.shape == "builtin"
-    for key, big, little in (("batch", 8, 32), ("seq", 1024, 16), ("chunk", 256, 8), ("repeats", 2, 30)):
+    for key, big, little in (("batch", 8, 32), ("seq", 1024, 16), ("chunk", 128, 8), ("repeats", 2, 30)):
         if getattr(args, key) is None:
             setattr(args, key, little if small else big)
     if args.logits_chunk is not None:

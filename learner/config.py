@@ -263,8 +263,9 @@ class LearnerConfig:
     remat: Literal["none", "block", "full"] = "none"
     # Token log-probs (and entropy) from the hidden states this many sequence positions at a time,
     # recomputed in the backward pass, so [rows, seq_len, vocab] logits never exist; 0 = whole
-    # logits at once (no chunking also when a chunk covers the whole row).
-    logits_chunk: int = 0
+    # logits at once, as is any row no longer than a chunk (so the built-in model's rows run as
+    # before). 128: one SmolLM2-shaped 8 x 1024 gradient peaks ~4 GB lower (benchmarks/logprobs_bench.py).
+    logits_chunk: int = 128
     # Train float32 master copies of bfloat16 params (model.param_dtype=bfloat16): the matmuls
     # still run in model.compute_dtype, actors and exports get the params rounded to bf16. Adam's
     # moments are float32 either way.

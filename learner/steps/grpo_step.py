@@ -38,7 +38,7 @@ from learner import sharding
 from learner.algorithms.grpo import finalize_metrics, grpo_token_loss
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
-from learner.steps.scoring import check_chunkable, score_tokens
+from learner.steps.scoring import score_tokens
 
 # logits_fn(params, tokens [B, T], positions [B, T], mask [B, T]) -> logits [B, T, V]
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -69,7 +69,8 @@ class GRPOTrainStep:
     Args:
       logits_fn: pure function (params, tokens, positions, mask) -> logits [B, T, V], e.g.
         functools.partial(learner.models.llama.forward, graphdef), or a
-        learner.steps.scoring.SplitLogits (llama_logits(graphdef)), which cfg.logits_chunk > 0 needs.
+        learner.steps.scoring.SplitLogits (llama_logits(graphdef)), which cfg.logits_chunk needs for
+        rows longer than a chunk.
       cfg: LearnerConfig (optimizer, grpo and logits_chunk are read).
       completion_budget: the most tokens a completion may have (engine.max_new_tokens), the
         divisor of the seq_sum_norm aggregation (Dr.GRPO) unless grpo.aggregation_constant is set.
@@ -85,7 +86,6 @@ class GRPOTrainStep:
         self.completion_budget = int(completion_budget)
         self.optimizer = optim.make_optimizer(cfg.optimizer)
         self.layout = layout
-        check_chunkable(logits_fn, cfg.logits_chunk)
         score = functools.partial(score_tokens, logits_fn, chunk=cfg.logits_chunk,
                                   temperature=cfg.grpo.temperature)
         self._score = score if layout is None else layout.activations(score)

@@ -32,22 +32,24 @@ def llama_logits(graphdef, remat: str = "none") -> SplitLogits:
                        functools.partial(llama.head_logits, graphdef))
 
 
-def check_chunkable(logits_fn, chunk: int) -> None:
-    """Raises ValueError("logits_chunk: ...") if chunk > 0 but logits_fn cannot be chunked."""
-    if chunk > 0 and not isinstance(logits_fn, SplitLogits):
-        raise ValueError(f"logits_chunk: {chunk} needs the model's hidden states and head apart "
-                         "(learner.steps.scoring.SplitLogits); this step got a plain logits "
-                         "function, so set logits_chunk=0")
+def check_chunkable(logits_fn, chunk: int, seq_len: int) -> None:
+    """Raises ValueError("logits_chunk: ...") if `chunk` would split rows of seq_len tokens but
+    logits_fn cannot be chunked (a plain function: only its whole logits exist)."""
+    if 0 < chunk < seq_len and not isinstance(logits_fn, SplitLogits):
+        raise ValueError(f"logits_chunk: {chunk} splits rows of {seq_len} tokens, which needs the "
+                         "model's hidden states and head apart (learner.steps.scoring.SplitLogits); "
+                         "this step got a plain logits function: set logits_chunk=0")
 
 
 def score_tokens(logits_fn, params, tokens, positions, mask, *, temperature: float = 1.0,
                  chunk: int = 0, entropy: bool = False, greedy: bool = False) -> TokenScores:
     """TokenScores [B, T] of `tokens` under logits_fn(params, ...), aligned with the tokens.
 
-    chunk > 0 (a SplitLogits only; see check_chunkable): `chunk` positions at a time under remat.
+    0 < chunk < T (a SplitLogits only; see check_chunkable): `chunk` positions at a time under
+    remat. Otherwise, the whole logits at once.
     """
-    if chunk > 0:
-        check_chunkable(logits_fn, chunk)
+    check_chunkable(logits_fn, chunk, tokens.shape[1])
+    if 0 < chunk < tokens.shape[1]:
         h = logits_fn.hidden(params, tokens, positions, mask)
         return chunked_token_logprobs(h, functools.partial(logits_fn.head, params), tokens,
                                       temperature, chunk, entropy=entropy, greedy=greedy)

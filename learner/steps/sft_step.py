@@ -18,7 +18,7 @@ from learner import sharding
 from learner.batching import Microbatch, empty_microbatch
 from learner.config import SFTConfig
 from learner.steps.grpo_step import LogitsFn
-from learner.steps.scoring import check_chunkable, score_tokens
+from learner.steps.scoring import score_tokens
 
 
 def build_sft_batch(
@@ -64,7 +64,7 @@ class SFTStep:
 
     Args:
       logits_fn: pure (params, tokens, positions, mask) -> logits [B, T, V] (a
-        learner.steps.scoring.SplitLogits for logits_chunk > 0).
+        learner.steps.scoring.SplitLogits to chunk rows longer than logits_chunk).
       cfg: SFTConfig (lr is read; steps and batch_size are for the caller's loop).
       layout: a learner.sharding.Layout for a device mesh (None: one device): params and Adam
         split as the layout says, the batch's rows over data x fsdp.
@@ -76,7 +76,6 @@ class SFTStep:
         self.cfg = cfg
         self.optimizer = optax.adam(cfg.lr)
         self.layout = layout
-        check_chunkable(logits_fn, logits_chunk)
         score = functools.partial(score_tokens, logits_fn, chunk=logits_chunk, greedy=True)
         if layout is None:
             self._score = score

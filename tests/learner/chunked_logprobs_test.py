@@ -209,15 +209,19 @@ def test_sft_step_matches_unchunked():
     assert out[3][1] == pytest.approx(out[0][1], abs=1e-5)
 
 
-def test_plain_logits_function_cannot_be_chunked():
+def test_plain_logits_function_is_scored_whole_unless_a_chunk_would_split_it():
     def plain(params, tokens, positions, mask):
         return jnp.zeros(tokens.shape + (V,))
 
+    tokens = jnp.ones((1, T), jnp.int32)
+    with pytest.raises(ValueError, match="logits_chunk: 4 splits rows of 8 tokens"):
+        score_tokens(plain, None, tokens, tokens, tokens > 0, chunk=4)
+    (full,), stats = build_microbatches(make_groups(1, seed=0), T, 4, PAD, GRPOConfig())
     with pytest.raises(ValueError, match="logits_chunk"):
-        GRPOTrainStep(plain, _grpo_cfg(4))
+        GRPOTrainStep(plain, _grpo_cfg(4)).loss_fn(None, full, 1.0)
     with pytest.raises(ValueError, match="logits_chunk"):
-        SFTStep(plain, SFTConfig(), logits_chunk=4)
-    GRPOTrainStep(plain, _grpo_cfg(0))  # whole logits: fine
-    assert isinstance(llama_logits(_model(True)[0]), SplitLogits)
-    tokens = jnp.ones((1, 4), jnp.int32)
-    assert score_tokens(plain, None, tokens, tokens, tokens > 0).logprobs.shape == (1, 4)
+        SFTStep(plain, SFTConfig(), logits_chunk=4).loss_fn(None, full)
+    for chunk in (0, T, 256):  # nothing to split: the whole logits, as with the default config
+        got = score_tokens(plain, None, tokens, tokens, tokens > 0, chunk=chunk).logprobs
+        np.testing.assert_allclose(np.asarray(got[:, 1:]), -np.log(V), rtol=1e-6)
+    assert LearnerConfig().logits_chunk >= T and isinstance(llama_logits(_model(True)[0]), SplitLogits)
