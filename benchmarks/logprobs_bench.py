@@ -6,8 +6,9 @@ of the loss plus the gradient sum), 8 rows x 1024 tokens, 960 of them completion
   unchunked   learner.logits_chunk=0: the [8, 1024, 49152] float32 logits (1.6 GB) and their softmax
   chunked     learner.logits_chunk=--chunk: [8, C, V] at a time, recomputed in the backward pass
 Each variant runs in its own process (so peak RSS is its own): XLA's compiled memory analysis
-(temp + arguments + outputs - donated aliases), the process's peak RSS, and tokens/s of the
-compiled step (median of --repeats). The executed run ("run") has --layers 2: at 30 layers one
+(temp + arguments + outputs - donated aliases) and the process's peak RSS over one gradient; then
+tokens/s, both variants in one process run alternately (median of --repeats rounds; the load of
+a shared machine drifts over minutes). The executed run ("run") has --layers 2: at 30 layers one
 8 x 1024 gradient needs ~40 GB of activations on XLA's CPU backend whichever variant (more than the
 24 GB reference machine), and the logits part that chunking changes does not depend on depth; the
 30-layer shape is compiled only, for XLA's memory analysis ("full_depth_xla", --xla-layers).
@@ -67,9 +68,9 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def child(args) -> dict:
-    """One variant in this process: compile, memory analysis, then (unless --compile-only) time
-    the step and read the process's peak RSS."""
+def _setup(args, chunk: int):
+    """(compiled accumulate step, its call arguments but the gradient buffer, step, model config,
+    compile seconds) of one variant."""
     import jax
 
     from learner.config import LearnerConfig
@@ -80,36 +81,62 @@ def child(args) -> dict:
     graphdef, params = llama.init_params(mcfg, 0)
     jax.block_until_ready(params)
     cfg = LearnerConfig(batch_size=args.batch, microbatch_size=args.batch, group_size=args.batch,
-                        logits_chunk=args.logits_chunk, remat=args.remat)
+                        logits_chunk=chunk, remat=args.remat)
     step = make_train_step(graphdef, cfg)
     mb = microbatch(args.batch, args.seq, mcfg.vocab_size)
     packed, n, s = step._prepare(params, [mb], float(mb.loss_mask.sum()), None)
-    rss_before = rss_mb()
     t0 = time.perf_counter()
     compiled = step._accumulate.lower(params, step._zeros(params), packed[0], n, s).compile()
-    compile_s = time.perf_counter() - t0
+    return compiled, (params, packed[0], n, s), step, mcfg, time.perf_counter() - t0
+
+
+def _run(compiled, step, call) -> tuple[float, object]:
+    """Seconds of one gradient (a fresh gradient buffer each time: the step donates it)."""
+    import jax
+
+    params, packed, n, s = call
+    grads = step._zeros(params)
+    jax.block_until_ready(grads)
+    t0 = time.perf_counter()
+    grads, stats = compiled(params, grads, packed, n, s)
+    jax.block_until_ready((grads, stats))
+    return time.perf_counter() - t0, stats
+
+
+def child(args) -> dict:
+    """One variant in this process: compile and XLA's memory analysis, then (unless compile-only)
+    one gradient, for the process's peak RSS."""
+    import jax
+
+    from learner.models import llama
+
+    rss_before = rss_mb()
+    compiled, call, step, mcfg, compile_s = _setup(args, args.logits_chunk)
     mem = compiled.memory_analysis()
     peak = mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
     out = {"logits_chunk": args.logits_chunk, "xla_temp_mb": round(mem.temp_size_in_bytes / 2**20, 1),
            "xla_peak_mb": round(peak / 2**20, 1), "compile_s": round(compile_s, 1),
-           "model_params": llama.count_params(params), "vocab": mcfg.vocab_size,
+           "model_params": llama.count_params(call[0]), "vocab": mcfg.vocab_size,
            "device": jax.devices()[0].device_kind}
     if args.compile_only:
         return out
-    times = []
-    for _ in range(args.repeats):  # an AOT-compiled CPU executable needs no warm-up call
-        grads = step._zeros(params)
-        jax.block_until_ready(grads)
-        t0 = time.perf_counter()
-        grads, stats = compiled(params, grads, packed[0], n, s)
-        jax.block_until_ready((grads, stats))
-        times.append(time.perf_counter() - t0)
-    seconds = statistics.median(times)
-    return {**out, "rss_peak_mb": round(rss_mb(), 1), "rss_before_step_mb": round(rss_before, 1),
-            "step_s": round(seconds, 3), "tokens_per_s": round(args.batch * args.seq / seconds, 1),
+    seconds, stats = _run(compiled, step, call)
+    return {**out, "rss_peak_mb": round(rss_mb(), 1), "rss_before_mb": round(rss_before, 1),
+            "first_step_s": round(seconds, 3),
             # equal in both variants (a check that the two compute the same loss)
             "metrics": {k: round(float(v), 5) for k, v in zip(step.metric_keys, jax.device_get(stats))
                         if k in ("loss", "pg_loss", "logprob_diff_abs")}}
+
+
+def time_both(args) -> dict:
+    """Both variants compiled in one process and run alternately, so a drifting load on a shared
+    machine hits them alike; seconds per gradient of each of --repeats rounds."""
+    variants = {name: _setup(args, chunk) for name, chunk in (("unchunked", 0), ("chunked", args.chunk))}
+    times = {name: [] for name in variants}
+    for _ in range(args.repeats):
+        for name, (compiled, call, step, _, _) in variants.items():
+            times[name].append(_run(compiled, step, call)[0])
+    return {name: [round(t, 3) for t in ts] for name, ts in times.items()}
 
 
 def run_variants(args, layers: int, compile_only: bool) -> tuple[dict, dict]:
@@ -133,7 +160,16 @@ def run_variants(args, layers: int, compile_only: bool) -> tuple[dict, dict]:
     if not compile_only:
         res["rss_peak_ratio"] = round(c["rss_peak_mb"] / u["rss_peak_mb"], 3)
         res["rss_peak_saved_mb"] = round(u["rss_peak_mb"] - c["rss_peak_mb"], 1)
-        res["tokens_per_s_ratio"] = round(c["tokens_per_s"] / u["tokens_per_s"], 3)
+        proc = subprocess.run(cmd + ["--time-both", "--chunk", str(args.chunk)], env=env,
+                              capture_output=True, text=True)
+        if proc.returncode:
+            sys.exit(f"timing ({layers} layers) failed:\n{proc.stderr[-4000:]}")
+        times = json.loads(proc.stdout.strip().splitlines()[-1])
+        tokens = args.batch * args.seq
+        for name in ("unchunked", "chunked"):
+            res[name]["step_s"] = times[name]
+            res[name]["tokens_per_s"] = round(tokens / statistics.median(times[name]), 1)
+        res["tokens_per_s_ratio"] = round(res["chunked"]["tokens_per_s"] / res["unchunked"]["tokens_per_s"], 3)
     return res, u
 
 
@@ -148,14 +184,18 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=None,
                     help="learner.logits_chunk of the chunked variant (default 128; builtin 8)")
     ap.add_argument("--remat", default="none", help="learner.remat for both variants")
-    ap.add_argument("--repeats", type=int, default=None, help="timed steps, median (default 2; builtin 30)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed rounds, median (default 2; builtin 30)")
     ap.add_argument("--logits-chunk", type=int, default=None, help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)  # child mode
+    ap.add_argument("--time-both", action="store_true", help=argparse.SUPPRESS)  # child mode
     args = ap.parse_args()
     small = args.shape == "builtin"
     for key, big, little in (("batch", 8, 32), ("seq", 1024, 16), ("chunk", 128, 8), ("repeats", 2, 30)):
         if getattr(args, key) is None:
             setattr(args, key, little if small else big)
+    if args.time_both:
+        print(json.dumps(time_both(args)))
+        return
     if args.logits_chunk is not None:
         print(json.dumps(child(args)))
         return
