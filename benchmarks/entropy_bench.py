@@ -29,7 +29,6 @@ from bench_timing import median_seconds  # noqa: E402
 from learner_bench import BATCH, GROUP, MICROBATCH, PAD, SEQ_LEN, bare_update, make_groups  # noqa: E402
 
 from learner.algorithms.grpo import grpo_token_loss  # noqa: E402
-from learner.algorithms.logprobs import token_logprobs_and_entropy  # noqa: E402
 from learner.batching import build_microbatches, pack_microbatch  # noqa: E402
 from learner.config import LearnerConfig  # noqa: E402
 from learner.models import llama  # noqa: E402
@@ -41,8 +40,7 @@ class ExactEntropyStep(GRPOTrainStep):
     """The step as it was: the exact entropy in every step's metrics, needed or not."""
 
     def loss_fn(self, params, mb, num_tokens, num_sequences=None, proximal_logprobs=None):
-        logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)
-        logprobs, entropy = token_logprobs_and_entropy(logits, mb.tokens, self.cfg.grpo.temperature)
+        logprobs, entropy = self._score(params, mb.tokens, mb.positions, mb.mask, entropy=True)[:2]
         return grpo_token_loss(logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens,
                                self.cfg.grpo, entropy=entropy, num_sequences=num_sequences)
 

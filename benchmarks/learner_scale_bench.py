@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import pathlib
 import sys
@@ -39,6 +38,7 @@ from learner.config import LearnerConfig, MeshConfig  # noqa: E402
 from learner.models import llama  # noqa: E402
 from learner.models.config import ModelConfig  # noqa: E402
 from learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
+from learner.steps.scoring import llama_logits  # noqa: E402
 from protocols.testing import rollout_group  # noqa: E402
 
 # Llama-shaped (RMSNorm, RoPE, SwiGLU, GQA, tied embeddings) at the sizes of Qwen2.5-0.5B / 1.5B.
@@ -82,6 +82,8 @@ def main() -> None:
     p.add_argument("--fsdp", type=int, default=-1)
     p.add_argument("--tensor", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--logits-chunk", type=int, default=LearnerConfig().logits_chunk,
+                   help="learner.logits_chunk (0: whole [B, T, V] logits)")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device peak (0: by device kind)")
     p.add_argument("--no-bare", action="store_true", help="skip the bare step (saves its memory)")
     args = p.parse_args()
@@ -90,7 +92,7 @@ def main() -> None:
                        compute_dtype=args.dtype)
     mesh = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
     cfg = LearnerConfig(batch_size=args.batch, microbatch_size=args.microbatch, group_size=args.group,
-                        mesh=mesh, remat=args.remat)
+                        mesh=mesh, remat=args.remat, logits_chunk=args.logits_chunk)
     cfg.validate()
     _, abstract = llama.abstract_params(mcfg)
     layout = sharding.make_layout(mesh, abstract, force=True)
@@ -98,7 +100,7 @@ def main() -> None:
     graphdef, params = llama.init_params(mcfg, 0, layout.params)
     jax.block_until_ready(params)
     init_s = time.perf_counter() - t0
-    step = GRPOTrainStep(functools.partial(llama.forward, graphdef, remat=args.remat), cfg, layout=layout)
+    step = GRPOTrainStep(llama_logits(graphdef, args.remat), cfg, layout=layout)
     groups = make_groups(args.batch, args.group, args.seq_len, mcfg.vocab_size)
     mbs, stats = build_microbatches(groups, args.seq_len, args.microbatch, 0, cfg.grpo)
     state = {"s": step.init(params)}
@@ -150,6 +152,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "learner_scale", "preset": args.preset, "device": kind, "devices": len(jax.devices()),
         "mesh": dict(layout.mesh.shape), "params": n_params, "dtype": args.dtype, "remat": args.remat,
+        "logits_chunk": args.logits_chunk,
         "batch": args.batch, "microbatch": args.microbatch, "seq_len": args.seq_len,
         "ours_tokens_per_s": round(tokens / ours_t, 1),
         "bare_tokens_per_s": None if bare_t is None else round(tokens / bare_t, 1),

@@ -37,8 +37,9 @@ from learner.checkpoint import Checkpointer
 from learner.controller import make_controller
 from learner.dynamic_sampling import make_group_filter
 from learner.loop import LearnerLoop, LoopSettings
-from learner.models.llama import count_params, forward
+from learner.models.llama import count_params
 from learner.steps import make_train_step
+from learner.steps.scoring import llama_logits
 from learner.steps.sft_step import SFTStep, build_sft_batch
 from protocols.admission import AdmissionGate
 from protocols.weights import InProcessWeights
@@ -56,7 +57,7 @@ def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_
     sft_cfg = cfg.learner.sft
     if sft_cfg.steps == 0:
         return params, {}
-    sft = sft or SFTStep(logits_fn, sft_cfg)
+    sft = sft or SFTStep(logits_fn, sft_cfg, logits_chunk=cfg.learner.logits_chunk)
     opt_state = sft.init(params)
     loss = None
     if not stream.task.prompt(stream.position).answer:
@@ -139,8 +140,8 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
                                  completion_budget=cfg.engine.max_new_tokens)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
-    logits_fn = functools.partial(forward, policy.graphdef, remat=cfg.learner.remat)
-    sft_step = SFTStep(logits_fn, cfg.learner.sft, procs.layout)
+    logits_fn = llama_logits(policy.graphdef, cfg.learner.remat)
+    sft_step = SFTStep(logits_fn, cfg.learner.sft, procs.layout, logits_chunk=cfg.learner.logits_chunk)
     if not procs.group.is_leader:
         return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params)
     train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)

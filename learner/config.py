@@ -272,6 +272,11 @@ class LearnerConfig:
     # Activation rematerialisation per decoder block: "none"; "block" (recompute the block in the
     # backward pass, keeping its weight-matmul outputs); "full" (keep only the block's input).
     remat: Literal["none", "block", "full"] = "none"
+    # Token log-probs (and entropy) from the hidden states this many sequence positions at a time,
+    # recomputed in the backward pass, so [rows, seq_len, vocab] logits never exist; 0 = whole
+    # logits at once, as is any row no longer than a chunk (so the built-in model's rows run as
+    # before). 128: one SmolLM2-shaped 8 x 1024 gradient peaks ~4 GB lower (benchmarks/logprobs_bench.py).
+    logits_chunk: int = 128
     # Train float32 master copies of bfloat16 params (model.param_dtype=bfloat16): the matmuls
     # still run in model.compute_dtype, actors and exports get the params rounded to bf16. Adam's
     # moments are float32 either way.
@@ -309,6 +314,8 @@ class LearnerConfig:
         if self.minibatches > 1 and self.algorithm == "ppo":
             raise ValueError("minibatches: several updates per batch are built for grpo only, not ppo yet")
         _check_choice("remat", self.remat, ("none", "block", "full"))
+        if self.logits_chunk < 0:
+            raise ValueError(f"logits_chunk: must be >= 0 (0 = unchunked), got {self.logits_chunk}")
         if self.processes < 1:
             raise ValueError(f"processes: must be >= 1, got {self.processes}")
         if self.processes > 1 and (self.distributed.coordinator or self.distributed.auto_detect):

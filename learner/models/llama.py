@@ -404,7 +404,7 @@ def count_params(params) -> int:
 
 
 def forward(graphdef, params, tokens, positions, mask, remat: str = "none") -> jax.Array:
-    """Full-sequence forward pass.
+    """Full-sequence forward pass: ``head_logits(hidden(...))``.
 
     Args:
       graphdef, params: from ``init_params``.
@@ -417,9 +417,21 @@ def forward(graphdef, params, tokens, positions, mask, remat: str = "none") -> j
     Returns:
       [B, T, V] float32 logits.
     """
-    model = nnx.merge(graphdef, params)
-    hidden, _ = model(tokens, positions, mask, remat=remat)
-    return model.logits(hidden)
+    return head_logits(graphdef, params, hidden(graphdef, params, tokens, positions, mask, remat))
+
+
+def hidden(graphdef, params, tokens, positions, mask, remat: str = "none") -> jax.Array:
+    """The final-normed hidden states [B, T, D] (compute dtype) of a full-sequence pass; arguments
+    as for ``forward``. With ``head_logits`` it lets a caller map them to logits a slice at a time
+    (learner.logits_chunk) instead of materialising [B, T, V]."""
+    out, _ = nnx.merge(graphdef, params)(tokens, positions, mask, remat=remat)
+    return out
+
+
+def head_logits(graphdef, params, hidden: jax.Array) -> jax.Array:
+    """hidden [..., D] -> float32 logits [..., V] through the output head (the embedding table when
+    tied); the matmul runs in the compute dtype."""
+    return nnx.merge(graphdef, params).logits(hidden)
 
 
 def token_logprobs(graphdef, params, tokens, positions, mask, *, temperature=1.0) -> jax.Array:

@@ -2,12 +2,10 @@
 sft_step (the supervised warm-up). `make_train_step` picks the RL one the config asks for."""
 from __future__ import annotations
 
-import functools
-
 from learner.config import LearnerConfig
-from learner.models.llama import forward
 from learner.steps.ppo_step import PPOTrainStep
 from learner.steps.grpo_step import GRPOTrainStep
+from learner.steps.scoring import llama_logits
 
 
 def make_train_step(graphdef, cfg: LearnerConfig, layout=None, *, completion_budget: int = 0):
@@ -17,13 +15,14 @@ def make_train_step(graphdef, cfg: LearnerConfig, layout=None, *, completion_bud
     cfg.algorithm "grpo": GRPOTrainStep (state: LearnerState); "ppo": PPOTrainStep (state: PPOState,
     which also carries the critic, its optimizer and the frozen reference policy). Both states
     expose .params (the policy to publish), .opt_state and .step. layout: a
-    learner.sharding.Layout for a device mesh (None: one device); cfg.remat applies either way.
+    learner.sharding.Layout for a device mesh (None: one device); cfg.remat and cfg.logits_chunk
+    apply either way.
     completion_budget (engine.max_new_tokens) divides the seq_sum_norm aggregation unless
     grpo.aggregation_constant is set.
     """
     if cfg.algorithm == "ppo":
         return PPOTrainStep(graphdef, cfg, layout, completion_budget=completion_budget)
     if cfg.algorithm == "grpo":
-        return GRPOTrainStep(functools.partial(forward, graphdef, remat=cfg.remat), cfg, layout=layout,
+        return GRPOTrainStep(llama_logits(graphdef, cfg.remat), cfg, layout=layout,
                              completion_budget=completion_budget)
     raise ValueError(f"algorithm: must be 'grpo' or 'ppo', got {cfg.algorithm!r}")

@@ -36,9 +36,9 @@ import optax
 from learner import optimizer as optim
 from learner import sharding
 from learner.algorithms.grpo import finalize_metrics, grpo_token_loss
-from learner.algorithms.logprobs import token_logprobs, token_logprobs_and_entropy
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
+from learner.steps.scoring import score_tokens
 
 # logits_fn(params, tokens [B, T], positions [B, T], mask [B, T]) -> logits [B, T, V]
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -75,8 +75,10 @@ class GRPOTrainStep:
 
     Args:
       logits_fn: pure function (params, tokens, positions, mask) -> logits [B, T, V], e.g.
-        functools.partial(learner.models.llama.forward, graphdef).
-      cfg: LearnerConfig (optimizer and grpo are read).
+        functools.partial(learner.models.llama.forward, graphdef), or a
+        learner.steps.scoring.SplitLogits (llama_logits(graphdef)), which cfg.logits_chunk needs for
+        rows longer than a chunk.
+      cfg: LearnerConfig (optimizer, grpo and logits_chunk are read).
       completion_budget: the most tokens a completion may have (engine.max_new_tokens), the
         divisor of the seq_sum_norm aggregation (Dr.GRPO) unless grpo.aggregation_constant is set.
       donate_state: also donate params and opt_state to `apply` (saves one copy of each in device
@@ -93,7 +95,9 @@ class GRPOTrainStep:
         self.packed = cfg.microbatch_tokens > 0
         self.optimizer = optim.make_optimizer(cfg.optimizer)
         self.layout = layout
-        self._logits_fn = logits_fn if layout is None else layout.activations(logits_fn)
+        score = functools.partial(score_tokens, logits_fn, chunk=cfg.logits_chunk,
+                                  temperature=cfg.grpo.temperature)
+        self._score = score if layout is None else layout.activations(score)
         self._metric_keys: tuple[str, ...] | None = None
         # The new params reuse either the old params' buffers or the gradient's (same shapes);
         # donating both would leave one set unusable.
@@ -135,11 +139,10 @@ class GRPOTrainStep:
         (loss, metrics). num_sequences defaults to the microbatch's own rows with tokens;
         proximal_logprobs [M, T] to the current policy's (stop-gradient) log-probs."""
         grpo = self.cfg.grpo
-        logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
-        if grpo.entropy_coef > 0:  # the bonus needs the exact entropy and its gradient
-            logprobs, entropy = token_logprobs_and_entropy(logits, mb.tokens, grpo.temperature)
-        else:  # no [M, T, V] softmax: the metric is the sampled estimate (entropy_sampled)
-            logprobs, entropy = token_logprobs(logits, mb.tokens, grpo.temperature), None
+        # The bonus needs the exact entropy and its gradient; without it no softmax over the
+        # vocabulary is taken and the metric is the sampled estimate (entropy_sampled).
+        scores = self._score(params, mb.tokens, mb.positions, mb.mask, entropy=grpo.entropy_coef > 0)
+        logprobs, entropy = scores.logprobs, scores.entropy  # [M, T]
         return grpo_token_loss(
             logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
             entropy=entropy, proximal_logprobs=proximal_logprobs, num_sequences=num_sequences,
@@ -148,8 +151,7 @@ class GRPOTrainStep:
 
     def _proximal_impl(self, params, packed):
         mb = unpack_microbatch(packed, segments=self.packed)
-        logits = self._logits_fn(params, mb.tokens, mb.positions, mb.mask)  # [M, T, V]
-        return token_logprobs(logits, mb.tokens, self.cfg.grpo.temperature)  # [M, T]
+        return self._score(params, mb.tokens, mb.positions, mb.mask).logprobs  # [M, T]
 
     def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None):
         mb = unpack_microbatch(packed, segments=self.packed)  # [M, 5T + 1] (packed: 6T) -> Microbatch

@@ -34,7 +34,7 @@ from learner import optimizer as optim
 from learner import sharding
 from learner.algorithms import ppo as ppo_ops
 from learner.algorithms.grpo import finalize_metrics, grpo_token_loss, token_sum
-from learner.algorithms.logprobs import token_logprobs, token_logprobs_and_entropy
+from learner.algorithms.logprobs import chunked_token_logprobs
 from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from learner.config import LearnerConfig
 from learner.steps.grpo_step import _sum_squares, count_sequences, master_copy
@@ -123,14 +123,12 @@ class PPOTrainStep:
 
     def _forward(self, params, critic_params, mb: Microbatch):
         """(logprobs [M, T], entropy [M, T] or None, values [M, T]) of the policy and critic; the
-        entropy (a full [M, T, V] softmax) only when the loss has an entropy bonus."""
+        entropy (a softmax over the vocabulary) only when the loss has an entropy bonus. Both
+        learner.logits_chunk positions at a time when set."""
         hidden, model = _hidden(self.graphdef, params, mb.tokens, mb.positions, mb.mask, self.cfg.remat)
         grpo = self.cfg.grpo
-        if grpo.entropy_coef > 0:
-            logprobs, entropy = token_logprobs_and_entropy(model.logits(hidden), mb.tokens,
-                                                           grpo.temperature)
-        else:
-            logprobs, entropy = token_logprobs(model.logits(hidden), mb.tokens, grpo.temperature), None
+        logprobs, entropy, _ = chunked_token_logprobs(hidden, model.logits, mb.tokens, grpo.temperature,
+                                                      self.cfg.logits_chunk, entropy=grpo.entropy_coef > 0)
         if "trunk" in critic_params:
             hidden, _ = _hidden(self.graphdef, critic_params["trunk"], mb.tokens, mb.positions,
                                 mb.mask, self.cfg.remat)
@@ -140,7 +138,8 @@ class PPOTrainStep:
         if ref_params is None:
             return jnp.zeros(mb.tokens.shape, jnp.float32)
         hidden, model = _hidden(self.graphdef, ref_params, mb.tokens, mb.positions, mb.mask)
-        return token_logprobs(model.logits(hidden), mb.tokens, self.cfg.grpo.temperature)
+        return chunked_token_logprobs(hidden, model.logits, mb.tokens, self.cfg.grpo.temperature,
+                                      self.cfg.logits_chunk).logprobs
 
     def _prepare_impl(self, params, critic_params, ref_params, packed):
         ppo = self.cfg.ppo

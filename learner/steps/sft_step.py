@@ -15,10 +15,10 @@ import numpy as np
 import optax
 
 from learner import sharding
-from learner.algorithms.logprobs import token_logprobs
 from learner.batching import Microbatch, empty_microbatch
 from learner.config import SFTConfig
 from learner.steps.grpo_step import LogitsFn
+from learner.steps.scoring import score_tokens
 
 
 def build_sft_batch(
@@ -63,22 +63,26 @@ class SFTStep:
     """One jitted supervised update: token-mean cross-entropy on the answer tokens.
 
     Args:
-      logits_fn: pure (params, tokens, positions, mask) -> logits [B, T, V].
+      logits_fn: pure (params, tokens, positions, mask) -> logits [B, T, V] (a
+        learner.steps.scoring.SplitLogits to chunk rows longer than logits_chunk).
       cfg: SFTConfig (lr is read; steps and batch_size are for the caller's loop).
       layout: a learner.sharding.Layout for a device mesh (None: one device): params and Adam
         split as the layout says, the batch's rows over data x fsdp.
+      logits_chunk: learner.logits_chunk (0: whole logits).
     """
 
-    def __init__(self, logits_fn: LogitsFn, cfg: SFTConfig, layout: sharding.Layout | None = None):
+    def __init__(self, logits_fn: LogitsFn, cfg: SFTConfig, layout: sharding.Layout | None = None,
+                 *, logits_chunk: int = 0):
         self.cfg = cfg
         self.optimizer = optax.adam(cfg.lr)
         self.layout = layout
+        score = functools.partial(score_tokens, logits_fn, chunk=logits_chunk, greedy=True)
         if layout is None:
-            self._logits_fn = logits_fn
+            self._score = score
             self._update = jax.jit(self._update_impl)
             self._init = functools.partial(sharding.init_opt_state, self.optimizer)
             return
-        self._logits_fn = layout.activations(logits_fn)
+        self._score = layout.activations(score)
         p, o, r = layout.params, layout.opt_state(self.optimizer), layout.replicated
         rows = Microbatch(*([layout.batch] * len(Microbatch._fields)))
         self._update = jax.jit(self._update_impl, in_shardings=(p, o, rows), out_shardings=(p, o, r))
@@ -87,14 +91,12 @@ class SFTStep:
 
     def loss_fn(self, params, batch: Microbatch) -> tuple[jax.Array, dict]:
         """Mean negative log-likelihood of the answer tokens; (loss, metrics)."""
-        logits = self._logits_fn(params, batch.tokens, batch.positions, batch.mask)  # [B, T, V]
-        logprobs = token_logprobs(logits, batch.tokens)  # [B, T]
+        # Greedy accuracy: logits[t - 1] must put its argmax on token t.
+        scores = self._score(params, batch.tokens, batch.positions, batch.mask)  # [B, T] each
         mask = batch.loss_mask.astype(jnp.float32)  # [B, T]
         tokens = jnp.maximum(jnp.sum(mask), 1.0)
-        loss = -jnp.sum(logprobs * mask) / tokens
-        # Greedy accuracy: logits[t - 1] must put its argmax on token t.
-        hits = jnp.argmax(logits[:, :-1], axis=-1) == batch.tokens[:, 1:]  # [B, T-1]
-        accuracy = jnp.sum(hits * mask[:, 1:]) / tokens
+        loss = -jnp.sum(scores.logprobs * mask) / tokens
+        accuracy = jnp.sum(scores.greedy * mask) / tokens
         return loss, {"loss": loss, "token_accuracy": accuracy, "tokens": jnp.sum(mask)}
 
     def _update_impl(self, params, opt_state, batch: Microbatch):

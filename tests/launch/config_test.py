@@ -55,6 +55,7 @@ def test_scientific_notation_and_lists():
     ("learner.mesh.fsdp=0", "learner.mesh.fsdp"),                # mesh axis sizes: >= 1 or -1
     ("learner.mesh.rules=[embed=model]", "learner.mesh.rules"),  # no such mesh axis
     ("learner.remat=some", "learner.remat"),
+    ("learner.logits_chunk=-1", "learner.logits_chunk"),
     ("learner.processes=0", "learner.processes"),
     ("learner.distributed.coordinator=nohost", "learner.distributed.coordinator"),
 ])

@@ -198,6 +198,25 @@ def check_remat_same_result():
     assert_trees_close(out["none"], out["full"], "full remat")
 
 
+def check_chunked_logprobs_same_result():
+    """learner.logits_chunk on (fsdp 2, tensor 2) (vocabulary split over tensor) gives the
+    unchunked one-device loss and gradients, entropy bonus and temperature included."""
+    from learner.config import GRPOConfig
+
+    graphdef, params = llama.init_params(MODEL, 0)
+    layout = layout_for(MeshConfig(fsdp=2, tensor=2), params)
+    grpo = GRPOConfig(entropy_coef=0.01, temperature=0.7)
+    mbs, stats = build_microbatches(groups(2, seed=0), T, MB, PAD, grpo)
+    out = {}
+    for chunk, lay in ((0, None), (5, layout)):
+        step = make_train_step(graphdef, learner_cfg("grpo", grpo=grpo, logits_chunk=chunk), lay)
+        p = params if lay is None else lay.place(params)
+        grads, per_mb = step.accumulate_gradients(p, mbs, stats["num_tokens"])
+        out[chunk] = grads, per_mb
+    assert_trees_close(out[0][0], out[5][0], "chunked sharded gradients")
+    assert_trees_close(out[0][1], out[5][1], "chunked sharded metrics")
+
+
 def check_checkpoint_reshards():
     """Saved on (fsdp 2) -> restored on 1 device and on (tensor 2): identical params and Adam
     state, and training continues identically from each."""

@@ -24,8 +24,10 @@ def run_checks(*names: str) -> None:
 
 def test_grpo_steps_on_meshes_equal_one_device_and_checkpoint_reshards():
     # (fsdp 2, tensor 2) and (data 2, fsdp 2): 3 steps across a controller change, no recompile;
-    # per-device bytes; a checkpoint saved on fsdp 2 restores on 1 device and on tensor 2.
-    run_checks("grpo_fsdp_tensor", "grpo_data_fsdp", "bytes_per_device", "checkpoint_reshards")
+    # per-device bytes; a checkpoint saved on fsdp 2 restores on 1 device and on tensor 2;
+    # chunked log-probs on (fsdp 2, tensor 2) equal whole logits on one device.
+    run_checks("grpo_fsdp_tensor", "grpo_data_fsdp", "bytes_per_device", "checkpoint_reshards",
+               "chunked_logprobs_same_result")
 
 
 def test_packed_grpo_steps_on_a_mesh_equal_one_device():
