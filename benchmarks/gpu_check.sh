@@ -28,6 +28,8 @@
 #      and 1.5B-parameter Llama-shaped models, random init, bf16 params and matmuls, float32 Adam
 #      moments, remat; tokens/s, MFU and peak memory vs a bare jitted step (written without a GPU:
 #      not yet run on one)
+#   8. (7) as RL sees it: a long-tail completion-length mix, packed rows (learner.microbatch_tokens) and
+#      chunked log-probs (learner.logits_chunk), at 0.5B and 1.5B (not yet run on a GPU)
 # PARTS="wsync_nccl_1b_bf16 learner_scale" runs only the named parts (default: all): the parts that
 # have not run on a GPU yet are `PARTS="wsync_nccl_1b_bf16 learner_scale_0.5b learner_scale_1.5b"`.
 # SGL_DEVICE=cpu runs part 4's server on the CPU (a dry run of this script's flow on a CPU machine).
@@ -109,4 +111,11 @@ part learner_scale_0.5b 150 "$PY" benchmarks/learner_scale_bench.py --preset 0.5
   --microbatch 8 --remat block --repeats 5
 part learner_scale_1.5b 210 "$PY" benchmarks/learner_scale_bench.py --preset 1.5b --seq-len 1024 --batch 32 \
   --microbatch 4 --remat full --repeats 5
+# The same shapes as RL sees them (issue 28): completions of a long-tail length mix packed into
+# token-budget microbatches (learner.microbatch_tokens) with chunked log-probs (logits_chunk 128);
+# tokens/s and MFU count real tokens, and row_fill says how full the packed rows are.
+part rl_packed_0.5b 150 "$PY" benchmarks/learner_scale_bench.py --preset 0.5b --seq-len 1024 --batch 64 \
+  --lengths mix --microbatch-tokens 8192 --logits-chunk 128 --remat block --repeats 5
+part rl_packed_1.5b 210 "$PY" benchmarks/learner_scale_bench.py --preset 1.5b --seq-len 1024 --batch 64 \
+  --lengths mix --microbatch-tokens 4096 --logits-chunk 128 --remat full --repeats 5
 echo "== done ($(date +%T))"

@@ -32,7 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench_timing import median_seconds  # noqa: E402
 
-from learner import sharding  # noqa: E402
+from learner import packing, sharding  # noqa: E402
 from learner.batching import build_microbatches  # noqa: E402
 from learner.config import LearnerConfig, MeshConfig  # noqa: E402
 from learner.models import llama  # noqa: E402
@@ -50,13 +50,18 @@ PRESETS = {
 PEAK_TFLOPS = {"NVIDIA H200": 989.0, "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA A100-SXM4-80GB": 312.0}
 
 
-def make_groups(batch: int, group: int, seq_len: int, vocab: int, seed: int = 0):
+def make_groups(batch: int, group: int, seq_len: int, vocab: int, seed: int = 0, lengths: str = "full"):
+    """Groups whose prompts take a quarter of seq_len; completions fill the rest ("full") or follow
+    a long tail ("mix": lognormal around seq_len / 8, clipped to [30, the rest]), as RL's do."""
     rng = np.random.default_rng(seed)
     prompt_len = seq_len // 4
+    room = seq_len - prompt_len
     out = []
     for i in range(batch // group):
         prompt = [1] + [int(x) for x in rng.integers(3, vocab, prompt_len - 1)]
-        comps = [[int(x) for x in rng.integers(3, vocab, seq_len - prompt_len)] for _ in range(group)]
+        sizes = ([room] * group if lengths == "full" else
+                 np.clip(rng.lognormal(np.log(max(room // 6, 30)), 0.8, group), min(30, room), room).astype(int))
+        comps = [[int(x) for x in rng.integers(3, vocab, n)] for n in sizes]
         out.append(rollout_group(f"p{i}", "bench", prompt, comps, [[-1.0] * len(c) for c in comps],
                                  [float(rng.random() < 0.5) for _ in comps], 0))
     return out
@@ -84,6 +89,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--logits-chunk", type=int, default=LearnerConfig().logits_chunk,
                    help="learner.logits_chunk (0: whole [B, T, V] logits)")
+    p.add_argument("--lengths", choices=["full", "mix"], default="full",
+                   help="completion lengths: every row full, or a long-tail mix")
+    p.add_argument("--microbatch-tokens", type=int, default=0,
+                   help="learner.microbatch_tokens (0: one sample per row; > 0: packed rows)")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device peak (0: by device kind)")
     p.add_argument("--no-bare", action="store_true", help="skip the bare step (saves its memory)")
     args = p.parse_args()
@@ -92,7 +101,8 @@ def main() -> None:
                        compute_dtype=args.dtype)
     mesh = MeshConfig(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
     cfg = LearnerConfig(batch_size=args.batch, microbatch_size=args.microbatch, group_size=args.group,
-                        mesh=mesh, remat=args.remat, logits_chunk=args.logits_chunk)
+                        mesh=mesh, remat=args.remat, logits_chunk=args.logits_chunk,
+                        microbatch_tokens=args.microbatch_tokens)
     cfg.validate()
     _, abstract = llama.abstract_params(mcfg)
     layout = sharding.make_layout(mesh, abstract, force=True)
@@ -101,8 +111,14 @@ def main() -> None:
     jax.block_until_ready(params)
     init_s = time.perf_counter() - t0
     step = GRPOTrainStep(llama_logits(graphdef, args.remat), cfg, layout=layout)
-    groups = make_groups(args.batch, args.group, args.seq_len, mcfg.vocab_size)
-    mbs, stats = build_microbatches(groups, args.seq_len, args.microbatch, 0, cfg.grpo)
+    groups = make_groups(args.batch, args.group, args.seq_len, mcfg.vocab_size, lengths=args.lengths)
+    if args.microbatch_tokens:
+        rows = packing.rows_per_microbatch(args.microbatch_tokens, args.seq_len, layout.rows)
+        mbs, stats = packing.pack_microbatches(groups, args.seq_len, rows, 0, cfg.grpo)
+    else:
+        mbs, stats = build_microbatches(groups, args.seq_len, args.microbatch, 0, cfg.grpo)
+    real_tokens = int(sum(len(g.prompt_tokens) * len(g.rewards) for g in groups)
+                      + sum(int(np.asarray(mb.loss_mask).sum()) for mb in mbs))
     state = {"s": step.init(params)}
     del params
 
@@ -117,7 +133,11 @@ def main() -> None:
 
     bare_t = None
     if not args.no_bare:
-        (full,), _ = build_microbatches(groups, args.seq_len, args.batch, 0, cfg.grpo)
+        if args.microbatch_tokens:  # the same packed rows, all in one program
+            _, probe = packing.pack_microbatches(groups, args.seq_len, args.batch, 0, cfg.grpo)
+            (full,), _ = packing.pack_microbatches(groups, args.seq_len, probe["packed_rows"], 0, cfg.grpo)
+        else:
+            (full,), _ = build_microbatches(groups, args.seq_len, args.batch, 0, cfg.grpo)
         tx = step.optimizer
 
         def bare_impl(params, opt_state, batch, n):
@@ -126,10 +146,11 @@ def main() -> None:
             return optax.apply_updates(params, updates), opt_state
 
         o = layout.opt_state(tx)
-        rows = type(full)(*([layout.batch] * len(full)))
+        rows = type(full)(*(None if x is None else layout.batch for x in full))  # packed: no rewards
         bare = jax.jit(bare_impl, in_shardings=(layout.params, o, rows, layout.replicated),
                        out_shardings=(layout.params, o), donate_argnums=(0, 1))
-        batch = type(full)(*layout.put_batch([np.asarray(x) for x in full]))
+        fields = layout.put_batch([np.asarray(x) for x in full if x is not None])
+        batch = type(full)(*(None if x is None else fields.pop(0) for x in full))
         n = layout.scalar(stats["num_tokens"])
         bs = {"p": state["s"].params, "o": state["s"].opt_state}
         state.clear()  # the bare step holds (and donates) the one copy of the model
@@ -144,7 +165,7 @@ def main() -> None:
             print(f"bare step failed: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
 
     n_params = llama.count_params(abstract)
-    tokens = args.batch * args.seq_len
+    tokens = real_tokens  # prompt + completion tokens of the samples, not padding
     flops_per_token = 6 * n_params + 12 * mcfg.n_layers * mcfg.d_model * args.seq_len
     kind = jax.devices()[0].device_kind
     peak = args.peak_tflops or PEAK_TFLOPS.get(kind, 0.0)
@@ -154,6 +175,8 @@ def main() -> None:
         "mesh": dict(layout.mesh.shape), "params": n_params, "dtype": args.dtype, "remat": args.remat,
         "logits_chunk": args.logits_chunk,
         "batch": args.batch, "microbatch": args.microbatch, "seq_len": args.seq_len,
+        "lengths": args.lengths, "microbatch_tokens": args.microbatch_tokens,
+        "num_microbatches": len(mbs), "row_fill": round(real_tokens / (len(mbs) * mbs[0].tokens.size), 3),
         "ours_tokens_per_s": round(tokens / ours_t, 1),
         "bare_tokens_per_s": None if bare_t is None else round(tokens / bare_t, 1),
         "ratio": None if bare_t is None else round(bare_t / ours_t, 3),
