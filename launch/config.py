@@ -12,7 +12,7 @@ from typing import Literal
 from actors.config import ActorsConfig
 from actors.engine import EngineConfig
 from actors.tasks.base import is_multi_turn
-from actors.tasks.config import TaskConfig
+from actors.tasks.config import TEXT_TASKS, TaskConfig
 from launch import config_loader
 from launch.config_loader import ConfigError
 from learner.checkpoint import CheckpointConfig
@@ -144,8 +144,8 @@ class Config:
         from actors.tasks.registry import make_task
         from launch.policy import load_tokenizer, resolve_model_config
 
-        if self.task.name == "jsonl" and not self.model.path:
-            raise ConfigError("task.name: the jsonl task needs a checkpoint tokenizer; set model.path=DIR")
+        if self.task.name in TEXT_TASKS and not self.model.path:
+            raise ConfigError(f"task.name: the {self.task.name} task needs a checkpoint tokenizer; set model.path=DIR")
         # With model.path the checkpoint decides the architecture and the tokenizer.
         try:
             model = resolve_model_config(self.model)
@@ -163,7 +163,7 @@ class Config:
                               f"{type(e).__name__}: {e}") from None
         multi_turn = is_multi_turn(task)
         if not multi_turn and self.engine.max_new_tokens < task.max_completion_len:
-            detail = {"jsonl": "the longest answer", "sort": f"task.num_digits={self.task.num_digits}",
+            detail = {"jsonl": "the longest answer", "word_problems": "the longest worked solution", "sort": f"task.num_digits={self.task.num_digits}",
                       "add_reversed": f"task.num_digits={self.task.num_digits}"}.get(self.task.name, "this task")
             raise ConfigError(
                 f"engine.max_new_tokens: {self.engine.max_new_tokens} is shorter than the task's "

@@ -6,7 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
-BUILTIN_TASKS = ("sort", "add_reversed", "jsonl")
+BUILTIN_TASKS = ("sort", "add_reversed", "jsonl", "word_problems")
+TEXT_TASKS = ("jsonl", "word_problems")  # need a checkpoint tokenizer (prompts are words)
 DIGIT_TASKS = ("sort", "add_reversed")
 REWARD_KINDS = ("partial", "exact")
 PROMPT_FORMATS = ("plain", "chat")
@@ -25,7 +26,7 @@ def prompt_space_size(name: str, num_digits: int) -> int:
 class TaskConfig:
     """Which task to train on and how its prompts and rewards are made."""
 
-    name: str = "sort"  # sort | add_reversed | jsonl (math JSONL) | package.module:factory | file.py:factory | a cadence.tasks entry point
+    name: str = "sort"  # sort | add_reversed | jsonl (math JSONL) | word_problems (generated arithmetic) | package.module:factory | file.py:factory | a cadence.tasks entry point
     args: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # plug-in tasks: arguments their factory reads (task.args.KEY=VALUE)
     num_digits: int = 6  # sort: digits to sort; add_reversed: digits per operand (use 3)
     seed: int = 0  # seed of the training prompt stream
@@ -35,9 +36,10 @@ class TaskConfig:
     path: str = ""  # jsonl: the JSONL file, one problem per line
     prompt_field: str = "question"  # jsonl: key of the problem text in each record
     answer_field: str = "answer"  # jsonl: key of the reference answer (GSM8K "... #### 72" and \boxed{} both work)
-    prompt_template: str = "{prompt}"  # jsonl: text around the problem; "{prompt}" is replaced by it
-    format: Literal["plain", "chat"] = "plain"  # jsonl: raw text, or the checkpoint's chat template
-    system_prompt: str = ""  # jsonl, chat format: optional system message ("" = none)
+    prompt_template: str = ""  # jsonl, word_problems: text around the problem ("{prompt}" marks where); "" = the task's own: the problem alone (jsonl), the problem and an instruction to answer in \boxed{} (word_problems)
+    format: Literal["plain", "chat"] = "plain"  # jsonl, word_problems: raw text, or the checkpoint's chat template
+    system_prompt: str = ""  # jsonl, word_problems, chat format: optional system message ("" = none)
+    max_ops: int = 3  # word_problems: operations per problem (+ - * exact /), drawn uniformly from 1..max_ops (at most 3)
     reward_workers: int = 2  # reward worker processes (spawned; time and memory limits); 0 = score inline in the actor, unguarded
     reward_timeout_s: float = 30.0  # per completion: a reward that runs longer scores 0 (counted) and its worker is replaced
     reward_memory_mb: int = 2048  # address-space limit of each reward worker (RLIMIT_AS; 0 = none)
@@ -83,8 +85,10 @@ class TaskConfig:
                 raise ValueError("path: the jsonl task needs a JSONL file (task.path=FILE)")
             if not self.prompt_field or not self.answer_field:
                 raise ValueError("prompt_field: prompt_field and answer_field must be non-empty")
-            if "{prompt}" not in self.prompt_template:
-                raise ValueError(f"prompt_template: must contain '{{prompt}}', got {self.prompt_template!r}")
+        if self.prompt_template and "{prompt}" not in self.prompt_template:
+            raise ValueError(f"prompt_template: must contain '{{prompt}}', got {self.prompt_template!r}")
+        if not 1 <= self.max_ops <= 3:
+            raise ValueError(f"max_ops: must be in 1..3, got {self.max_ops}")
         if not 1 <= self.num_digits <= 12:
             raise ValueError(f"num_digits: must be in 1..12, got {self.num_digits}")
         if self.seed < 0:

@@ -61,7 +61,7 @@ class JsonlMathTask:
         if cached is not None:
             return cached
         record, cfg, tok = self._records[record_id], self.config, self.tokenizer
-        text = cfg.prompt_template.replace("{prompt}", str(record[cfg.prompt_field]))
+        text = (cfg.prompt_template or "{prompt}").replace("{prompt}", str(record[cfg.prompt_field]))
         if cfg.format == "chat":
             messages = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else [])
             tokens = tuple(tok.apply_chat_template([*messages, {"role": "user", "content": text}]))

@@ -43,8 +43,13 @@ def _jsonl(cfg, tokenizer):
     return JsonlMathTask(cfg, tokenizer)
 
 
+def _word_problems(cfg, tokenizer):
+    from actors.tasks.word_problems import WordProblemsTask
+    return WordProblemsTask(cfg, tokenizer)
+
+
 BUILTINS: dict[str, Callable[[TaskConfig, Any], Any]] = {
-    "sort": _sort, "add_reversed": _add_reversed, "jsonl": _jsonl}
+    "sort": _sort, "add_reversed": _add_reversed, "jsonl": _jsonl, "word_problems": _word_problems}
 assert set(BUILTINS) == set(BUILTIN_TASKS)
 
 

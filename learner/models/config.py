@@ -1,6 +1,7 @@
 """Configuration of the Llama-style decoder (the learner's model, also run by the built-in engine)."""
 
 import dataclasses
+import os
 from typing import Literal
 
 DType = Literal["float32", "bfloat16"]
@@ -45,6 +46,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Width of one attention head."""
         return self.head_dim_override or self.d_model // self.n_heads
+
+    def __post_init__(self) -> None:
+        # "~/..." in a config file is the user's home, where cached checkpoints live
+        if self.path.startswith("~"):
+            object.__setattr__(self, "path", os.path.expanduser(self.path))
 
     def validate(self) -> None:
         """Raises ValueError("<field>: <problem>") on an inconsistent configuration."""
