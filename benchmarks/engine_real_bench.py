@@ -77,7 +77,7 @@ def chat_prompts(path: pathlib.Path, n: int) -> list[list[int]]:
     for i in range(n):
         q = QUESTIONS[i % len(QUESTIONS)] + " Put the final answer after ####."
         ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
-        prompts.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))  # BatchEncoding in transformers 5
     return prompts
 
 
