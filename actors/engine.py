@@ -7,6 +7,11 @@ next ``batch_buckets`` entry, prompt length up to a multiple of ``prompt_bucket`
 fixed) so a run compiles only a handful of programs; temperature, top-p and greedy are traced
 arguments, so changing them never recompiles.
 
+Rows that finish early (EOS) stay in the lock-step batch: the loop stops only when every row has
+finished or ``max_new_tokens`` is reached, and until then a finished row is still computed every
+step (its outputs are discarded: pad ids, logprob 0, not counted in ``lengths``). A call therefore
+costs what its longest row costs; ``num_tokens / (rows x longest length)`` is the useful fraction.
+
 Behavior logprobs (what the learner's off-policy correction needs) are, for each sampled token,
 ``log_softmax(logits / temperature)[token]``: the temperature-scaled distribution BEFORE top-p
 truncation. The learner recomputes exactly that with ``token_logprobs(..., temperature=T)``. In
