@@ -20,8 +20,11 @@ Per batch size, two modes:
 tokens/s = generated tokens / wall time of the whole call, after a warm-up call; the engine's compile
 time (first call minus a steady call) is reported apart. transformers runs with each of
 ``--torch-threads`` (on a loaded 2-core machine torch's OpenMP threads at 2 can be several times
-slower than at 1); ``hf_tok_s`` and ``ratio`` use its best. One JSON line per configuration, the two
-sides measured back to back in the same process; ``load_avg`` is the machine's 1-minute load then.
+slower than at 1); ``hf_tok_s`` and ``ratio`` use its best. On a shared machine wall time also
+depends on how many threads each side runs (a 2-thread process gets more of a busy CPU than a
+1-thread one), so CPU-ms per generated token (user + system, all threads) is reported beside it and
+``cpu_ratio`` compares those. One JSON line per configuration, the two sides measured back to back
+in the same process; ``load_avg`` is the machine's 1-minute load then.
 Run: ``nice -n 5 .venv/bin/python benchmarks/engine_real_bench.py [--batches 16 32] [--repeats 1]``.
 """
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import pathlib
 import statistics
 import sys
@@ -97,17 +101,25 @@ def left_padded(prompts, pad_id, bucket):
     return ids, mask
 
 
-def timed(call, repeats):
-    """(result of the first call, its seconds, median seconds of `repeats` further calls)."""
+def cpu_seconds() -> float:
+    """This process's user + system CPU time (all threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(call, repeats, warmup=None):
+    """(result of the last call, seconds of the warm-up call, median wall seconds and median CPU
+    seconds of `repeats` further calls). warmup defaults to call itself."""
     start = time.perf_counter()
-    first = call()
+    (warmup or call)()
     first_s = time.perf_counter() - start
-    samples = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), cpu_seconds()
         out = call()
-        samples.append(time.perf_counter() - start)
-    return out, first_s, statistics.median(samples)
+        wall.append(time.perf_counter() - start)
+        cpu.append(cpu_seconds() - start_cpu)
+    return out, first_s, statistics.median(wall), statistics.median(cpu)
 
 
 def bench_transformers(model, torch, prompts, pad_id, eos_id, forced, repeats, bucket, threads):
@@ -124,13 +136,8 @@ def bench_transformers(model, torch, prompts, pad_id, eos_id, forced, repeats, b
             return model.generate(input_ids=ids_t, attention_mask=mask_t, max_new_tokens=new,
                                   **dict(kwargs, min_new_tokens=min(new, kwargs.get("min_new_tokens", 0))))
 
-    call(8)  # warm-up (nothing to compile: a short call is enough)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = call()
-        samples.append(time.perf_counter() - start)
-    steady_s = statistics.median(samples)
+    # The warm-up is short: there is nothing to compile.
+    out, _, steady_s, cpu_s = timed(call, repeats, warmup=lambda: call(8))
     new = out[:, ids.shape[1]:].numpy()
     steps = new.shape[1]
     if forced:
@@ -138,17 +145,17 @@ def bench_transformers(model, torch, prompts, pad_id, eos_id, forced, repeats, b
     else:  # real tokens: up to and including the first EOS
         ends = [np.flatnonzero(row == eos_id) for row in new]
         tokens = int(sum(e[0] + 1 if e.size else steps for e in ends))
-    return dict(tok_s=tokens / steady_s, seconds=steady_s, tokens=tokens, steps=steps)
+    return dict(tok_s=tokens / steady_s, seconds=steady_s, cpu_s=cpu_s, tokens=tokens, steps=steps)
 
 
 def bench_engine(cfg, graphdef, params, prompts, pad_id, eos_id, forced, repeats, batch, bucket):
     ecfg = EngineConfig(max_new_tokens=NEW_TOKENS, batch_buckets=(batch,), prompt_bucket=bucket)
     engine = JaxEngine(cfg, graphdef, ecfg, eos_id=cfg.vocab_size if forced else eos_id, pad_id=pad_id)
-    out, first_s, steady_s = timed(lambda: engine.generate(params, prompts, jax.random.key(0)), repeats)
+    out, first_s, steady_s, cpu_s = timed(lambda: engine.generate(params, prompts, jax.random.key(0)), repeats)
     if forced:
         assert out.num_tokens == len(prompts) * NEW_TOKENS, "EOS disabled: every row makes every token"
     steps = int(out.lengths.max())  # the loop runs until the longest row ends
-    return dict(tok_s=out.num_tokens / steady_s, seconds=steady_s, compile_s=max(first_s - steady_s, 0.0),
+    return dict(tok_s=out.num_tokens / steady_s, seconds=steady_s, cpu_s=cpu_s, compile_s=max(first_s - steady_s, 0.0),
                 tokens=out.num_tokens, steps=steps, compilations=engine.num_compilations)
 
 
@@ -196,6 +203,7 @@ def main() -> None:
             if "cadence" in args.sides:
                 c = bench_engine(cfg, graphdef, params, prompts, pad_id, eos_id, forced, args.repeats, batch, bucket)
                 row.update(cadence_tok_s=round(c["tok_s"], 1), cadence_s=round(c["seconds"], 2),
+                           cadence_cpu_ms_per_tok=round(1000 * c["cpu_s"] / c["tokens"], 2),
                            cadence_compile_s=round(c["compile_s"], 1), cadence_tokens=c["tokens"],
                            cadence_steps=c["steps"], cadence_useful=round(c["tokens"] / (batch * c["steps"]), 3),
                            cadence_compilations=c["compilations"])
@@ -204,6 +212,7 @@ def main() -> None:
                 for threads in args.torch_threads:
                     t = bench_transformers(model, torch, prompts, pad_id, eos_id, forced, args.repeats, bucket, threads)
                     row[f"hf_tok_s_{threads}t"] = round(t["tok_s"], 1)
+                    row[f"hf_cpu_ms_per_tok_{threads}t"] = round(1000 * t["cpu_s"] / t["tokens"], 2)
                     if best is None or t["tok_s"] > best["tok_s"]:
                         best = dict(t, threads=threads)
                 row.update(hf_tok_s=round(best["tok_s"], 1), hf_s=round(best["seconds"], 2), hf_threads=best["threads"],
@@ -211,6 +220,8 @@ def main() -> None:
                            hf_useful=round(best["tokens"] / (batch * best["steps"]), 3))
             if "cadence_tok_s" in row and "hf_tok_s" in row:
                 row["ratio"] = round(row["cadence_tok_s"] / row["hf_tok_s"], 3)
+                cpu_best = min(row[f"hf_cpu_ms_per_tok_{t}t"] for t in args.torch_threads)
+                row["cpu_ratio"] = round(cpu_best / row["cadence_cpu_ms_per_tok"], 3)  # > 1: Cadence uses less CPU
             row.update(load_avg=round(os.getloadavg()[0], 1), cpus=os.cpu_count(), device=jax.devices()[0].platform)
             print(json.dumps(row), flush=True)
 
