@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actors.engine import EngineConfig, JaxEngine, categorical, sample_token
+from actors.engine import EngineConfig, JaxEngine, categorical, nucleus_log_mass, sample_step, sample_token
 from learner.models import llama
 from learner.models.config import ModelConfig
 
@@ -289,3 +289,17 @@ def test_generate_reports_kept_logmass_on_the_same_rows_as_logprobs(model, engin
     assert np.all(km[live] >= np.log(0.8) - 1e-5)  # the nucleus keeps at least top_p of the mass
     # The behavior logprobs stay on the full support: no sampled token is more likely than p_full / Z.
     assert np.all(nucleus.logprobs[live] - km[live] <= 1e-6)
+
+
+@pytest.mark.parametrize("top_p, greedy", [(0.8, False), (1.0, False), (0.8, True)])
+def test_sample_step_is_sample_token_plus_nucleus_log_mass(top_p, greedy):
+    # The engine's loop uses sample_step (one sort shared by the draw and the kept mass).
+    logits = jax.random.normal(jax.random.key(0), (6, 300)) * 3.0
+    args = (logits, jax.random.key(7), jnp.float32(0.8), jnp.float32(top_p), jnp.bool_(greedy))
+    tok, lp, km = jax.jit(sample_step)(*args)
+    want_tok, want_lp = jax.jit(sample_token)(*args)
+    np.testing.assert_array_equal(np.asarray(tok), np.asarray(want_tok))
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(want_lp), atol=1e-6)
+    want_km = nucleus_log_mass(logits, jnp.float32(0.8), jnp.float32(top_p), jnp.bool_(greedy))
+    np.testing.assert_allclose(np.asarray(km), np.asarray(want_km), atol=1e-6)
+    assert np.all(np.asarray(km) < 0) == (top_p < 1 and not greedy)
