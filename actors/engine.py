@@ -7,6 +7,11 @@ next ``batch_buckets`` entry, prompt length up to a multiple of ``prompt_bucket`
 fixed) so a run compiles only a handful of programs; temperature, top-p and greedy are traced
 arguments, so changing them never recompiles.
 
+Rows that finish early (EOS) stay in the lock-step batch: the loop stops only when every row has
+finished or ``max_new_tokens`` is reached, and until then a finished row is still computed every
+step (its outputs are discarded: pad ids, logprob 0, not counted in ``lengths``). A call therefore
+costs what its longest row costs; ``num_tokens / (rows x longest length)`` is the useful fraction.
+
 Behavior logprobs (what the learner's off-policy correction needs) are, for each sampled token,
 ``log_softmax(logits / temperature)[token]``: the temperature-scaled distribution BEFORE top-p
 truncation. The learner recomputes exactly that with ``token_logprobs(..., temperature=T)``. In
@@ -73,22 +78,59 @@ class GenerationResult(NamedTuple):
     kept_logmass: np.ndarray | None = None
 
 
+def _nucleus(logp, top_p):
+    """(truncated [B, V], kept [B]): logp with the tokens outside the top-p nucleus set to -inf
+    (not renormalised), and the log of the mass the nucleus keeps. One sort of the vocabulary."""
+    sorted_lp = -jnp.sort(-logp, axis=-1)  # [B, V] descending
+    probs = jnp.exp(sorted_lp)
+    # Keep a token while the mass strictly before it is below top_p (the first always stays).
+    keep = jnp.cumsum(probs, axis=-1) - probs < top_p  # [B, V] sorted order
+    n_keep = jnp.sum(keep, axis=-1, keepdims=True)
+    cutoff = jnp.take_along_axis(sorted_lp, n_keep - 1, axis=-1)  # [B, 1]
+    kept = jax.nn.logsumexp(jnp.where(keep, sorted_lp, -jnp.inf), axis=-1)  # [B]
+    return jnp.where(logp >= cutoff, logp, -jnp.inf), jnp.minimum(kept, 0.0)
+
+
 def nucleus_log_mass(logits, temperature, top_p, greedy):
     """[B] log of the probability mass top-p keeps (the support the sampler actually draws from).
 
     Uses the same nucleus rule as sample_token; 0 when top_p >= 1 or greedy.
     """
-    def kept_mass(logits):
-        logp = jax.nn.log_softmax(logits / temperature, axis=-1)  # [B, V]
-        sorted_lp = -jnp.sort(-logp, axis=-1)
-        probs = jnp.exp(sorted_lp)
-        keep = jnp.cumsum(probs, axis=-1) - probs < top_p  # [B, V] sorted order
-        kept = jax.nn.logsumexp(jnp.where(keep, sorted_lp, -jnp.inf), axis=-1)  # [B]
-        return jnp.minimum(kept, 0.0)
-
     # The sort costs ~40% of a decode step for a small model: skip it when nothing is truncated.
-    return jax.lax.cond((top_p < 1.0) & ~greedy, kept_mass,
+    return jax.lax.cond((top_p < 1.0) & ~greedy,
+                        lambda lg: _nucleus(jax.nn.log_softmax(lg / temperature, axis=-1), top_p)[1],
                         lambda lg: jnp.zeros(lg.shape[:1], jnp.float32), logits)
+
+
+_CDF_BLOCK = 256  # vocabulary block of the two-level inverse-CDF sampler
+
+
+def categorical(key, logp):
+    """One draw per row from exp(logp) ([B, V], normalised; -inf = never), by inverse CDF.
+
+    ``jax.random.categorical`` draws B x V Gumbel variates; at a 49k vocabulary that random
+    number generation cost ~25% of a SmolLM2 decode step on a CPU. One uniform per row is enough:
+    it picks a block of the vocabulary by the cumulative block masses, then a token inside that
+    block by the cumulative probabilities there (two short cumsums instead of one of length V).
+    The drawn token always has probability > 0: u is kept below each cumulative total, and the
+    first entry whose cumulative mass exceeds u therefore adds mass of its own.
+    """
+    b, v = logp.shape
+    block = min(_CDF_BLOCK, v)
+    n_blocks = -(-v // block)
+    probs = jnp.exp(logp.astype(jnp.float32))
+    probs = jnp.pad(probs, ((0, 0), (0, n_blocks * block - v))).reshape(b, n_blocks, block)
+    block_mass = jnp.sum(probs, axis=-1)  # [B, n_blocks]
+    block_cdf = jnp.cumsum(block_mass, axis=-1)
+    u = jax.random.uniform(key, (b,), jnp.float32) * block_cdf[:, -1]
+    u = jnp.minimum(u, jnp.nextafter(block_cdf[:, -1], 0.0))
+    j = jnp.sum(block_cdf <= u[:, None], axis=-1)  # [B] first block whose cdf exceeds u
+    inside = jnp.take_along_axis(probs, j[:, None, None], axis=1)[:, 0]  # [B, block]
+    before = jnp.take_along_axis(block_cdf - block_mass, j[:, None], axis=1)[:, 0]
+    cdf = jnp.cumsum(inside, axis=-1)
+    u = jnp.clip(u - before, 0.0, jnp.nextafter(cdf[:, -1], 0.0))
+    i = jnp.sum(cdf <= u[:, None], axis=-1)
+    return (j * block + i).astype(jnp.int32)
 
 
 def sample_token(logits, key, temperature, top_p, greedy):
@@ -106,26 +148,29 @@ def sample_token(logits, key, temperature, top_p, greedy):
       (token [B] int32, logprob [B] float32) with logprob = log_softmax(logits / temperature)[token]
       (before top-p truncation), or log_softmax(logits)[token] when greedy.
     """
+    return sample_step(logits, key, temperature, top_p, greedy)[:2]
+
+
+def sample_step(logits, key, temperature, top_p, greedy):
+    """sample_token and nucleus_log_mass together, sharing the one sort top-p needs.
+
+    Returns (token [B] int32, logprob [B] float32, kept_logmass [B] float32).
+    """
 
     def pick_greedy(_):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), jax.nn.log_softmax(logits, axis=-1)
+        tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return tok, jax.nn.log_softmax(logits, axis=-1), jnp.zeros(logits.shape[:1], jnp.float32)
 
     def pick_sampled(_):
         logp = jax.nn.log_softmax(logits / temperature, axis=-1)  # [B, V]
+        # The sort is skipped when nothing is truncated (top_p == 1).
+        truncated, kept = jax.lax.cond(top_p < 1.0, _nucleus,
+                                       lambda lp, _: (lp, jnp.zeros(lp.shape[:1], jnp.float32)), logp, top_p)
+        # truncated is not renormalised; categorical scales u by the total mass it keeps.
+        return categorical(key, truncated), logp, kept
 
-        def nucleus(lp):
-            sorted_lp = -jnp.sort(-lp, axis=-1)  # [B, V] descending
-            probs = jnp.exp(sorted_lp)
-            # Keep a token while the mass strictly before it is below top_p (the first always stays).
-            n_keep = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < top_p, axis=-1, keepdims=True)
-            cutoff = jnp.take_along_axis(sorted_lp, n_keep - 1, axis=-1)  # [B, 1]
-            return jnp.where(lp >= cutoff, lp, -jnp.inf)
-
-        truncated = jax.lax.cond(top_p < 1.0, nucleus, lambda lp: lp, logp)
-        return jax.random.categorical(key, truncated, axis=-1).astype(jnp.int32), logp
-
-    token, logp = jax.lax.cond(greedy, pick_greedy, pick_sampled, None)
-    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+    token, logp, kept = jax.lax.cond(greedy, pick_greedy, pick_sampled, None)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0], kept
 
 
 def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask, active, rng, temperature, top_p, greedy):
@@ -149,12 +194,12 @@ def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask
         lengths = lengths + (~done).astype(jnp.int32)
         return out_tok, out_lp, out_km, lengths, done | (tok == eos_id)
 
-    tok, lp = sample_token(logits, jax.random.fold_in(rng, 0), temperature, top_p, greedy)
+    tok, lp, km = sample_step(logits, jax.random.fold_in(rng, 0), temperature, top_p, greedy)
     init = record(
         0,
         tok,
         lp,
-        nucleus_log_mass(logits, temperature, top_p, greedy),
+        km,
         jnp.full((b, max_new), pad_id, jnp.int32),
         jnp.zeros((b, max_new), jnp.float32),
         jnp.zeros((b, max_new), jnp.float32),
@@ -169,8 +214,7 @@ def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask
     def body(carry):
         i, cache, tok, out_tok, out_lp, out_km, lengths, done = carry
         logits, cache = llama.decode_step(graphdef, params, cache, tok, prompt_len + i - 1)
-        tok, lp = sample_token(logits, jax.random.fold_in(rng, i), temperature, top_p, greedy)
-        km = nucleus_log_mass(logits, temperature, top_p, greedy)
+        tok, lp, km = sample_step(logits, jax.random.fold_in(rng, i), temperature, top_p, greedy)
         out_tok, out_lp, out_km, lengths, done = record(i, tok, lp, km, out_tok, out_lp, out_km,
                                                         lengths, done)
         return i + 1, cache, tok, out_tok, out_lp, out_km, lengths, done

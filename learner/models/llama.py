@@ -39,10 +39,14 @@ class KVCache(NamedTuple):
     """Keys and values of the tokens seen so far, for lock-step decoding of a batch.
 
     Slots are columns: every row writes its n-th token into slot n, so left-padded rows stay aligned.
+    Heads come first and values are stored transposed, so that both products of a decode step's
+    attention (q.K^T over [L, head_dim] keys, V^T.p over [head_dim, L] values) are plain batched
+    matmuls contracting each operand's minor axis. With [B, L, heads, head_dim] XLA:CPU fell
+    back to a slow dot: 175 vs 138 CPU-ms per SmolLM2 step at batch 16, L = 320.
     """
 
-    k: tuple[jax.Array, ...]  # per layer [B, L, n_kv_heads, head_dim]
-    v: tuple[jax.Array, ...]  # per layer [B, L, n_kv_heads, head_dim]
+    k: tuple[jax.Array, ...]  # per layer [B, n_kv_heads, L, head_dim]
+    v: tuple[jax.Array, ...]  # per layer [B, n_kv_heads, head_dim, L] (transposed, see above)
     mask: jax.Array  # [B, L] bool: slot holds a real token
     length: jax.Array  # [] int32: number of slots written (the next write goes here)
 
@@ -129,6 +133,18 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax
     scores = jnp.where(allowed[:, None, None], scores, _MASKED_SCORE)  # [B, KV, G, T, S]
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B, T, KV, G, Dh]
+    return out.reshape(b, t, h * dh)
+
+
+def _attend_cached(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+    """_attend over a KV cache: k [B, KV, S, Dh] and v [B, KV, Dh, S] (see KVCache)."""
+    b, t, h, dh = q.shape
+    kv = k.shape[1]
+    q = q.reshape(b, t, kv, h // kv, dh)  # [B, T, KV, G, Dh]
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k).astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))
+    scores = jnp.where(allowed[:, None, None], scores, _MASKED_SCORE)  # [B, KV, G, T, S]
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bkds->btkgd", probs, v)  # [B, T, KV, G, Dh]
     return out.reshape(b, t, h * dh)
 
 
@@ -235,12 +251,12 @@ class Attention(nnx.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if kv is not None:
-            k_cache, v_cache = kv
-            k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, start, 0, 0))
-            v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, start, 0, 0))
-            kv = (k, v)
-        return self.o_proj(_attend(q, k, v, allowed)), kv
+        if kv is None:
+            return self.o_proj(_attend(q, k, v, allowed)), kv
+        k_cache, v_cache = kv  # [B, KV, L, Dh]
+        k = jax.lax.dynamic_update_slice(k_cache, k.swapaxes(1, 2).astype(k_cache.dtype), (0, 0, start, 0))
+        v = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 3, 1).astype(v_cache.dtype), (0, 0, 0, start))
+        return self.o_proj(_attend_cached(q, k, v, allowed)), (k, v)
 
 
 class MLP(nnx.Module):
@@ -454,10 +470,10 @@ def token_logprobs(graphdef, params, tokens, positions, mask, *, temperature=1.0
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
     """An empty cache with ``max_len`` slots per row, in the compute dtype."""
-    shape = (batch, max_len, cfg.n_kv_heads, cfg.head_dim)
     dt = _dtype(cfg.compute_dtype)
-    zeros = tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layers))
-    return KVCache(zeros, zeros, jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
+    k = tuple(jnp.zeros((batch, cfg.n_kv_heads, max_len, cfg.head_dim), dt) for _ in range(cfg.n_layers))
+    v = tuple(jnp.zeros((batch, cfg.n_kv_heads, cfg.head_dim, max_len), dt) for _ in range(cfg.n_layers))
+    return KVCache(k, v, jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
 
 
 def prefill(graphdef, params, cache: KVCache, tokens, positions, mask) -> tuple[jax.Array, KVCache]:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actors.engine import EngineConfig, JaxEngine, sample_token
+from actors.engine import EngineConfig, JaxEngine, categorical, nucleus_log_mass, sample_step, sample_token
 from learner.models import llama
 from learner.models.config import ModelConfig
 
@@ -175,6 +175,43 @@ def test_sampling_frequencies_match_the_distribution(temperature, top_p):
     np.testing.assert_allclose(np.asarray(lp), np.log(scaled)[np.asarray(tokens)], atol=1e-5)
 
 
+def test_inverse_cdf_categorical_matches_the_distribution_across_blocks():
+    # A vocabulary of 700: two full 256-token blocks and a partial one, with mass spread over
+    # all three and zero-probability tokens (-inf) at block edges that must never be drawn.
+    v, n = 700, 40_000
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=v) * 2.0
+    banned = np.array([0, 255, 256, 511, 512, 699])
+    logits[banned] = -np.inf
+    p = np.exp(logits - logits[np.isfinite(logits)].max())
+    p /= p.sum()
+    logp = jnp.broadcast_to(jnp.log(jnp.asarray(p, jnp.float32)), (n, v))
+    tokens = np.asarray(jax.jit(categorical)(jax.random.key(0), logp))
+    assert tokens.min() >= 0 and tokens.max() < v
+    assert not np.isin(tokens, banned).any()
+    freq = np.bincount(tokens, minlength=v) / n
+    assert np.all(np.abs(freq - p) <= _frequency_bound(p, n))
+    # Block masses as a whole (where a bias in the first stage would show).
+    for lo in (0, 256, 512):
+        mass, got = p[lo : lo + 256].sum(), freq[lo : lo + 256].sum()
+        assert abs(got - mass) <= _frequency_bound(mass, n)
+
+
+def test_inverse_cdf_categorical_takes_the_only_token_and_unnormalised_rows():
+    # One allowed token per row, anywhere (first, last of a block, last of the vocabulary).
+    v = 600
+    where = np.array([0, 255, 256, 599])
+    logp = np.full((4, v), -np.inf, np.float32)
+    logp[np.arange(4), where] = 0.0
+    np.testing.assert_array_equal(np.asarray(categorical(jax.random.key(1), jnp.asarray(logp))), where)
+    # Rows need not be normalised (top-p passes the truncated, unrenormalised distribution).
+    p = np.array([0.3, 0.0, 0.1, 0.0], np.float32)  # mass 0.4: tokens 0 and 2 at 3:1
+    logp = jnp.broadcast_to(jnp.log(jnp.asarray(p)), (20_000, 4))
+    freq = np.bincount(np.asarray(categorical(jax.random.key(2), logp)), minlength=4) / 20_000
+    target = p / p.sum()
+    assert np.all(np.abs(freq - target) <= _frequency_bound(target, 20_000))
+
+
 def test_greedy_sample_token_takes_argmax_and_t1_logprob():
     logits = jnp.array([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
     tok, lp = sample_token(logits, jax.random.key(0), jnp.float32(0.3), jnp.float32(1.0), jnp.bool_(True))
@@ -252,3 +289,17 @@ def test_generate_reports_kept_logmass_on_the_same_rows_as_logprobs(model, engin
     assert np.all(km[live] >= np.log(0.8) - 1e-5)  # the nucleus keeps at least top_p of the mass
     # The behavior logprobs stay on the full support: no sampled token is more likely than p_full / Z.
     assert np.all(nucleus.logprobs[live] - km[live] <= 1e-6)
+
+
+@pytest.mark.parametrize("top_p, greedy", [(0.8, False), (1.0, False), (0.8, True)])
+def test_sample_step_is_sample_token_plus_nucleus_log_mass(top_p, greedy):
+    # The engine's loop uses sample_step (one sort shared by the draw and the kept mass).
+    logits = jax.random.normal(jax.random.key(0), (6, 300)) * 3.0
+    args = (logits, jax.random.key(7), jnp.float32(0.8), jnp.float32(top_p), jnp.bool_(greedy))
+    tok, lp, km = jax.jit(sample_step)(*args)
+    want_tok, want_lp = jax.jit(sample_token)(*args)
+    np.testing.assert_array_equal(np.asarray(tok), np.asarray(want_tok))
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(want_lp), atol=1e-6)
+    want_km = nucleus_log_mass(logits, jnp.float32(0.8), jnp.float32(top_p), jnp.bool_(greedy))
+    np.testing.assert_allclose(np.asarray(km), np.asarray(want_km), atol=1e-6)
+    assert np.all(np.asarray(km) < 0) == (top_p < 1 and not greedy)
