@@ -101,6 +101,17 @@ def _packed(g) -> tuple[Ragged, Ragged, Ragged | None, Ragged | None]:
             None if kept is None else Ragged.pack(kept, "float32"))
 
 
+def _packed_groups(groups: Sequence[Any], seq_len: int) -> list:
+    """Each group's ragged arrays (_packed), after checking that every prompt fits a row of seq_len
+    with room for a completion token (token t is scored from logits[t - 1])."""
+    for g in groups:
+        if not 0 < len(g.prompt_tokens) < seq_len:
+            raise ValueError(
+                f"group {g.prompt_id!r}: prompt of {len(g.prompt_tokens)} tokens needs "
+                f"1 <= length < seq_len ({seq_len})"
+            )
+    return [_packed(g) for g in groups]
+
 def build_microbatches(
     groups: Sequence[Any], seq_len: int, microbatch_size: int, pad_id: int, grpo_cfg
 ) -> tuple[list[Microbatch], dict]:
@@ -129,13 +140,7 @@ def build_microbatches(
     """
     if not groups:
         raise ValueError("build_microbatches: no groups")
-    packed = [_packed(g) for g in groups]
-    for g in groups:
-        if not 0 < len(g.prompt_tokens) < seq_len:
-            raise ValueError(
-                f"group {g.prompt_id!r}: prompt of {len(g.prompt_tokens)} tokens needs "
-                f"1 <= length < seq_len ({seq_len})"
-            )
+    packed = _packed_groups(groups, seq_len)
 
     advantages = _advantages_per_group(groups, grpo_cfg)
     num_samples = sum(len(tokens) for tokens, *_ in packed)

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from learner.batching import Microbatch, _advantages_per_group, _packed, batch_stats
+from learner.batching import Microbatch, _advantages_per_group, _packed_groups, batch_stats
 
 
 def rows_per_microbatch(microbatch_tokens: int, seq_len: int, row_multiple: int = 1) -> int:
@@ -111,13 +111,7 @@ def pack_microbatches(
         raise ValueError("pack_microbatches: no groups")
     if rows_per_mb < 1:
         raise ValueError(f"pack_microbatches: rows_per_mb must be >= 1, got {rows_per_mb}")
-    packed = [_packed(g) for g in groups]
-    for g in groups:
-        if not 0 < len(g.prompt_tokens) < seq_len:
-            raise ValueError(
-                f"group {g.prompt_id!r}: prompt of {len(g.prompt_tokens)} tokens needs "
-                f"1 <= length < seq_len ({seq_len})"
-            )
+    packed = _packed_groups(groups, seq_len)
     advantages = _advantages_per_group(groups, grpo_cfg)
 
     # Every sample's kept length, then where it goes.

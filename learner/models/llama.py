@@ -115,6 +115,18 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x32 * cos[:, :, None] + rotated * sin[:, :, None]).astype(x.dtype)
 
 
+def _grouped_attention(q, k, v, allowed, kv: int, k_spec: str, v_spec: str) -> jax.Array:
+    """Grouped-query attention of q [B, T, H, Dh] over keys and values laid out as the einsum
+    specs say (k_spec, v_spec: their subscripts with b, s, k (KV head), d); [B, T, H * Dh]."""
+    b, t, h, dh = q.shape
+    q = q.reshape(b, t, kv, h // kv, dh)  # [B, T, KV, G, Dh]
+    scores = jnp.einsum(f"btkgd,{k_spec}->bkgts", q, k).astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))
+    scores = jnp.where(allowed[:, None, None], scores, _MASKED_SCORE)  # [B, KV, G, T, S]
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum(f"bkgts,{v_spec}->btkgd", probs, v)  # [B, T, KV, G, Dh]
+    return out.reshape(b, t, h * dh)
+
+
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
     """Grouped-query attention.
 
@@ -126,26 +138,12 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax
     Returns:
       [B, T, H * Dh].
     """
-    b, t, h, dh = q.shape
-    kv = k.shape[2]
-    q = q.reshape(b, t, kv, h // kv, dh)  # [B, T, KV, G, Dh]
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))
-    scores = jnp.where(allowed[:, None, None], scores, _MASKED_SCORE)  # [B, KV, G, T, S]
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B, T, KV, G, Dh]
-    return out.reshape(b, t, h * dh)
+    return _grouped_attention(q, k, v, allowed, k.shape[2], "bskd", "bskd")
 
 
 def _attend_cached(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
     """_attend over a KV cache: k [B, KV, S, Dh] and v [B, KV, Dh, S] (see KVCache)."""
-    b, t, h, dh = q.shape
-    kv = k.shape[1]
-    q = q.reshape(b, t, kv, h // kv, dh)  # [B, T, KV, G, Dh]
-    scores = jnp.einsum("btkgd,bksd->bkgts", q, k).astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))
-    scores = jnp.where(allowed[:, None, None], scores, _MASKED_SCORE)  # [B, KV, G, T, S]
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bkds->btkgd", probs, v)  # [B, T, KV, G, Dh]
-    return out.reshape(b, t, h * dh)
+    return _grouped_attention(q, k, v, allowed, k.shape[1], "bksd", "bkds")
 
 
 # ----------------------------------------------------------------------------------------------
