@@ -39,7 +39,9 @@ def test_leader_and_follower_stay_in_step(tmp_path):
     follow = json.loads((tmp_path / "result-1.json").read_text())
     for sharded, single in lead["losses"]:  # two updates through the channel == one device
         assert abs(sharded - single) <= 1e-5 * max(1.0, abs(single))
-    assert lead["max_param_diff"] <= 1e-5
+    # after Adam steps (lr 3e-3) a near-zero gradient element amplifies float noise: see
+    # sharded_checks.PARAMS_AFTER_ADAM_TOL
+    assert lead["max_param_diff"] <= 1e-4
     assert lead["bucket_ok"] and lead["export_ok"] and lead["shards"] > 1
     assert follow["steps"] == lead["steps"] == 2
     # the follower let go of the generation process 0 dropped, and kept the current one
