@@ -29,7 +29,10 @@
 #      moments, remat; tokens/s, MFU and peak memory vs a bare jitted step (written without a GPU:
 #      not yet run on one)
 #   8. (7) as RL sees it: a long-tail completion-length mix, packed rows (learner.microbatch_tokens) and
-#      chunked log-probs (learner.logits_chunk), at 0.5B and 1.5B (not yet run on a GPU)
+#      chunked log-probs (learner.logits_chunk), at 0.5B and 1.5B
+#   9. the whole RL loop at 0.5B and 1.5B (benchmarks/rl_loop_bench.py: `cadence train`, engine and
+#      learner sharing the GPU, packing and chunked log-probs): seconds per update split into
+#      generation and learner, the learner's tokens/s and MFU beside (8)'s learner alone, peak memory
 # PARTS="wsync_nccl_1b_bf16 learner_scale" runs only the named parts (default: all): the parts that
 # have not run on a GPU yet are `PARTS="wsync_nccl_1b_bf16 learner_scale_0.5b learner_scale_1.5b"`.
 # SGL_DEVICE=cpu runs part 4's server on the CPU (a dry run of this script's flow on a CPU machine).
@@ -118,4 +121,9 @@ part rl_packed_0.5b 150 "$PY" benchmarks/learner_scale_bench.py --preset 0.5b --
   --lengths mix --microbatch-tokens 8192 --logits-chunk 128 --remat block --repeats 5
 part rl_packed_1.5b 210 "$PY" benchmarks/learner_scale_bench.py --preset 1.5b --seq-len 1024 --batch 64 \
   --lengths mix --microbatch-tokens 4096 --logits-chunk 128 --remat full --repeats 5
+# The whole loop (issue 28): 64 completions of up to 512 tokens per update, random init.
+part rl_loop_0.5b 180 "$PY" benchmarks/rl_loop_bench.py --preset 0.5b --steps 8 --batch 64 --max-new-tokens 512 \
+  --microbatch-tokens 8192 --logits-chunk 128 --remat block
+part rl_loop_1.5b 240 "$PY" benchmarks/rl_loop_bench.py --preset 1.5b --steps 6 --batch 64 --max-new-tokens 512 \
+  --microbatch-tokens 4096 --logits-chunk 128 --remat full
 echo "== done ($(date +%T))"
