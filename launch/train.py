@@ -214,6 +214,7 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
                        health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
                        ledger=begin.ledger, publish=publish)  # [sharded learner]
     loop.group_filter = make_group_filter(cfg.learner)  # dynamic sampling (None when off)
+    loop.before_update = learner.checkpointer.wait  # the update donates what a save may still read
     loop.batch_size = batch_size
     if begin.restored:
         loop.samples, loop.dropped = meta["samples"], dict(meta["dropped"])

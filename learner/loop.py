@@ -89,6 +89,9 @@ class LearnerLoop:
         self.on_concurrency = on_concurrency or (lambda c: None)
         # params -> what actors get: the params themselves, or (a sharded learner) whole copies
         self.publish = publish or (lambda params: params)
+        # Called before each update: the update donates the Adam moments, so a checkpoint still
+        # being written from them in the background must finish first (Checkpointer.wait).
+        self.before_update: Callable[[], None] | None = None
 
     def set_batch_size(self, batch_size: int) -> None:
         s = self.settings
@@ -152,6 +155,8 @@ class LearnerLoop:
         else:
             microbatches, stats = build_microbatches(batch.groups, s.seq_len, s.microbatch_size,
                                                      s.pad_id, s.grpo)
+        if self.before_update is not None:
+            self.before_update()
         state, metrics = self.train_step.update(state, microbatches, stats["num_tokens"])
         train_seconds = time.perf_counter() - t0
         self.samples += sum(len(g.rewards) for g in batch.groups)
