@@ -2,7 +2,8 @@
 
     rollouts = generate_rollouts(engine, params, task, rows, key)   # rows: [N] prompts (G per prompt)
 
-Single-turn: one ``engine.generate`` call; the completion is what the engine sampled.
+Single-turn: one ``engine.generate`` call; the completion is what the engine sampled (up to the
+first stop string, when the task has any).
 
 Multi-turn (the task has ``environment(prompt)``, actors/tasks/base.py): every row is an episode.
 Each turn, the rows still running are sent to the engine together, each with its whole context so
@@ -36,6 +37,7 @@ exactly these ids as its prompt (they are never re-tokenized from text).
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -49,14 +51,16 @@ from protocols.messages import EngineTimings, RolloutGroup
 
 ENV_TIMEOUT = "env_timeout"  # an environment call ran past task.env_timeout_s (the episode ends there)
 _DEFAULT_RUNNER: EnvRunner | None = None
+_DEFAULT_LOCK = threading.Lock()
 
 
 def default_env_runner() -> EnvRunner:
     """The runner for callers that bring none (held-out evaluation, tools): the config's defaults."""
     global _DEFAULT_RUNNER
-    if _DEFAULT_RUNNER is None:
-        _DEFAULT_RUNNER = EnvRunner()
-    return _DEFAULT_RUNNER
+    with _DEFAULT_LOCK:
+        if _DEFAULT_RUNNER is None:
+            _DEFAULT_RUNNER = EnvRunner()
+        return _DEFAULT_RUNNER
 
 
 def stop_strings(task) -> tuple[str, ...]:

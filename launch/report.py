@@ -197,7 +197,8 @@ def render_html(runs: list[dict]) -> str:
              f"<p>{len(runs)} run(s), made {e(datetime.datetime.now().strftime('%Y-%m-%d %H:%M'))} "
              "from each run's metrics.jsonl, summary.json and heartbeat.</p>",
              "<table><tr><th>run</th><th>state</th><th>task</th><th>steps</th><th>samples</th>"
-             "<th>final held-out exact match</th><th>final held-out reward</th><th>target reached at</th><th>wall time (s)</th><th>folder</th></tr>"]
+             "<th>final held-out exact match</th><th>final held-out reward</th>"
+             "<th>target reached at</th><th>wall time (s)</th><th>folder</th></tr>"]
     for i, (run, label) in enumerate(zip(runs, labels)):
         rows, st = run["rows"], run["status"]
         evals = [r["eval/exact_match"] for r in rows if r.get("eval/exact_match") is not None]

@@ -100,7 +100,8 @@ class Task(Protocol):
 class Step:
     """What an environment answers after one model turn."""
 
-    observation: Sequence[int] = ()  # tokens appended to the context (masked out of the loss; a warm-up transcript marks them in Prompt.answer_mask)
+    # tokens appended to the context (out of the loss; a warm-up transcript marks them in Prompt.answer_mask)
+    observation: Sequence[int] = ()
     reward: float = 0.0  # added to the episode's reward
     done: bool = False  # the episode ends here (the observation is then dropped)
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)  # summed over the episode
