@@ -8,7 +8,8 @@ States, from RUN_DIR/heartbeat.json (launch/heartbeat.py), the process table and
     stalled    the heartbeat is fresh and its process exists, but no update has landed for
                run.stall_factor times the slowest of its recent updates (an evaluation or a
                checkpoint included): the process lives, training is stuck (a hung actor,
-               reward or learner step). Judged once the process has written two records.
+               reward or learner step). Judged once the process has written two records, and
+               not after its last update (the final evaluation and export add no record).
     finished   the run ended normally (its final state, or summary.json without "preempted")
     preempted  SIGTERM/SIGINT ended it with a final checkpoint; `cadence train --resume` continues
     dead       the process is gone without a final word (kill -9, crash, lost machine), or its
@@ -141,6 +142,16 @@ def _stall(hb: dict, rows: list[dict], factor: float, now: float) -> str | None:
             f"(the slowest of the last {len(gaps)} took {slowest:.1f} s; run.stall_factor={factor:g})")
 
 
+def _finishing(last: dict, run_cfg: dict) -> bool:
+    """Whether the newest record was the run's last update (steps, samples or the exact-match
+    target reached): the process is in its final evaluation and export, which add no record."""
+    def reached(value, limit) -> bool:
+        return isinstance(value, (int, float)) and isinstance(limit, (int, float)) and 0 < limit <= value
+
+    return (reached(last.get("step"), run_cfg.get("steps")) or reached(last.get("samples"), run_cfg.get("max_samples"))
+            or reached(last.get("eval/exact_match"), run_cfg.get("stop_at_exact_match")))
+
+
 def run_status(run_dir: str, now: float | None = None) -> dict:
     """Everything `cadence status` shows, as a dict (also `cadence status --json`)."""
     now = time.time() if now is None else now
@@ -154,7 +165,7 @@ def run_status(run_dir: str, now: float | None = None) -> dict:
     steps = [r for r in rows if r.get("step", 0) > 0 and "reward/mean" in r]
     last = rows[-1] if rows else {}
     run_cfg = cfg.get("run") or {}
-    if state == "running":
+    if state == "running" and not _finishing(last, run_cfg):
         factor = run_cfg.get("stall_factor", STALL_FACTOR)
         stalled = _stall(hb, rows, float(factor) if isinstance(factor, (int, float)) else STALL_FACTOR, now)
         if stalled:

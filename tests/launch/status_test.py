@@ -160,6 +160,9 @@ def test_a_starting_run_is_not_stalled(tmp_path):
     hb["records"] = 30  # now it has: 0.5 s updates, silent for an hour
     run = make_run(tmp_path / "run", records=records(30), hb=hb)
     assert status.run_status(run)["state"] == "stalled"
+    # after its last update the run evaluates and exports (a large model's export takes minutes)
+    run = make_run(tmp_path / "run", steps=30, records=records(30), hb=hb)
+    assert status.run_status(run)["state"] == "running"
 
 
 def test_status_shows_a_plugin_tasks_own_metrics(tmp_path, capsys):
