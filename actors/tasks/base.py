@@ -27,11 +27,12 @@ class Prompt:
     index: int  # position in its stream (training index, or position in the held-out list)
     tokens: tuple[int, ...]  # model input: BOS + encoded prompt text
     answer: tuple[int, ...] = ()  # reference completion ids INCLUDING the final EOS; () = no reference
-    # which answer ids the supervised warm-up trains on: () = all of them; a multi-turn transcript
-    # marks the environment's observations False (in the context, out of the loss)
-    answer_mask: tuple[bool, ...] = ()
     text: str = ""  # the prompt as text (optional; what a reward or a reward server may want to read)
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the record's other fields
+    # which answer ids the supervised warm-up trains on: () = all of them; a multi-turn transcript
+    # marks the environment's observations False (in the context, out of the loss). Last, so
+    # positional construction keeps its meaning.
+    answer_mask: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         # Prompts travel to reward workers and servers: keep them plain and read-only in spirit.
