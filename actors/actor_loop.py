@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 
+from actors.env_runner import EnvRunner
 from actors.episodes import build_groups, generate_rollouts
 from actors.rewards import InlineScorer, Scorer, score_rollouts
 from actors.tasks.base import Prompt, Task
@@ -57,10 +58,12 @@ class Actor:
       seed: sampling seed; every actor of a run uses the same one, since keys are folded with the
         prompt index: a re-issued prompt is sampled the same on whichever actor gets it.
       scorer: where rewards run (actors/rewards/: inline, a worker pool, an HTTP server).
+      envs: where a multi-turn task's environments step (actors/env_runner.py: concurrently, with
+        a time limit; EnvRunner.from_config(task_cfg)); None: the defaults.
     """
 
     def __init__(self, actor_id: str, engine: Any, task: Task, client: Any, weights: Any, group_size: int,
-                 prompts_per_call: int, seed: int, scorer: Scorer | None = None):
+                 prompts_per_call: int, seed: int, scorer: Scorer | None = None, envs: EnvRunner | None = None):
         self.actor_id = actor_id
         self.engine = engine
         self.task = task
@@ -72,6 +75,7 @@ class Actor:
         self.stats = ActorStats()
         self.error: BaseException | None = None
         self.scorer = scorer if scorer is not None else InlineScorer(task)
+        self.envs = envs
 
     def set_concurrency(self, prompts_per_call: int) -> None:
         self.prompts_per_call = max(1, int(prompts_per_call))
@@ -105,7 +109,7 @@ class Actor:
         rows = [p for p in prompts for _ in range(G)]
         started_at = time.time()
         # ---- generation: one engine call, or multi-turn episodes (actors/episodes.py) ----
-        out = generate_rollouts(self.engine, params, self.task, rows, key)
+        out = generate_rollouts(self.engine, params, self.task, rows, key, envs=self.envs)
         finished_at = time.time()
         seconds = finished_at - started_at
         # ---- scoring: one call per engine result (actors/rewards/); episodes bring their own ----

@@ -7,7 +7,7 @@ next ``batch_buckets`` entry, prompt length up to a multiple of ``prompt_bucket`
 fixed) so a run compiles only a handful of programs; temperature, top-p and greedy are traced
 arguments, so changing them never recompiles.
 
-Rows that finish early (EOS) stay in the lock-step batch: the loop stops only when every row has
+Rows that finish early (EOS, or a stop sequence) stay in the lock-step batch: the loop stops only when every row has
 finished or ``max_new_tokens`` is reached, and until then a finished row is still computed every
 step (its outputs are discarded: pad ids, logprob 0, not counted in ``lengths``). A call therefore
 costs what its longest row costs; ``num_tokens / (rows x longest length)`` is the useful fraction.
@@ -173,10 +173,31 @@ def sample_step(logits, key, temperature, top_p, greedy):
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0], kept
 
 
-def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask, active, rng, temperature, top_p, greedy):
+def stop_block(stop: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Stop sequences as the loop matches them: ids [S, L] int32 and mask [S, L] bool, each
+    sequence right-aligned (its last id in column L - 1); (1, 1) all-masked-out when there are none."""
+    stop = [tuple(int(t) for t in s) for s in stop if len(s)]
+    width = max((len(s) for s in stop), default=1)
+    ids = np.zeros((max(len(stop), 1), width), np.int32)
+    mask = np.zeros(ids.shape, bool)
+    for i, seq in enumerate(stop):
+        ids[i, width - len(seq):] = seq
+        mask[i, width - len(seq):] = True
+    return ids, mask
+
+
+def _stopped(recent, stop_ids, stop_mask):
+    """[B] whether the newest tokens (recent [B, L], newest last) end with a stop sequence."""
+    hit = jnp.all(~stop_mask[None] | (recent[:, None, :] == stop_ids[None]), axis=-1)  # [B, S]
+    return jnp.any(hit & jnp.any(stop_mask, axis=-1)[None], axis=-1)
+
+
+def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask, active, rng, temperature, top_p,
+              greedy, stop_ids, stop_mask):
     """The whole generation for one bucket: prefill, then a while-loop of decode steps.
 
-    tokens/mask [B, P] left-padded prompt block; active [B] bool (False for bucket-filler rows).
+    tokens/mask [B, P] left-padded prompt block; active [B] bool (False for bucket-filler rows);
+    stop_ids/stop_mask [S, L] (stop_block): a row also ends once its tokens end with one of them.
     Returns (tokens [B, M] int32, logprobs [B, M] float32, lengths [B] int32,
     kept_logmass [B, M] float32).
     """
@@ -187,12 +208,13 @@ def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask
     cache = llama.init_cache(model_cfg, b, p + max_new - 1)
     logits, cache = llama.prefill(graphdef, params, cache, tokens, positions, mask)
 
-    def record(i, tok, lp, km, out_tok, out_lp, out_km, lengths, done):
+    def record(i, tok, lp, km, out_tok, out_lp, out_km, lengths, recent, done):
         out_tok = out_tok.at[:, i].set(jnp.where(done, pad_id, tok))
         out_lp = out_lp.at[:, i].set(jnp.where(done, 0.0, lp))
         out_km = out_km.at[:, i].set(jnp.where(done, 0.0, km))
         lengths = lengths + (~done).astype(jnp.int32)
-        return out_tok, out_lp, out_km, lengths, done | (tok == eos_id)
+        recent = jnp.concatenate([recent[:, 1:], tok[:, None]], axis=1)  # the newest L ids
+        return out_tok, out_lp, out_km, lengths, recent, done | (tok == eos_id) | _stopped(recent, stop_ids, stop_mask)
 
     tok, lp, km = sample_step(logits, jax.random.fold_in(rng, 0), temperature, top_p, greedy)
     init = record(
@@ -204,6 +226,7 @@ def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask
         jnp.zeros((b, max_new), jnp.float32),
         jnp.zeros((b, max_new), jnp.float32),
         jnp.zeros((b,), jnp.int32),
+        jnp.full((b, stop_ids.shape[1]), -1, jnp.int32),  # no id yet: -1 matches no token
         ~active,
     )
 
@@ -212,16 +235,16 @@ def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask
         return (i < max_new) & ~jnp.all(done)
 
     def body(carry):
-        i, cache, tok, out_tok, out_lp, out_km, lengths, done = carry
+        i, cache, tok, out_tok, out_lp, out_km, lengths, recent, done = carry
         logits, cache = llama.decode_step(graphdef, params, cache, tok, prompt_len + i - 1)
         tok, lp, km = sample_step(logits, jax.random.fold_in(rng, i), temperature, top_p, greedy)
-        out_tok, out_lp, out_km, lengths, done = record(i, tok, lp, km, out_tok, out_lp, out_km,
-                                                        lengths, done)
-        return i + 1, cache, tok, out_tok, out_lp, out_km, lengths, done
+        out_tok, out_lp, out_km, lengths, recent, done = record(i, tok, lp, km, out_tok, out_lp, out_km,
+                                                                lengths, recent, done)
+        return i + 1, cache, tok, out_tok, out_lp, out_km, lengths, recent, done
 
-    out_tok, out_lp, out_km, lengths, done = init
-    carry = (jnp.int32(1), cache, tok, out_tok, out_lp, out_km, lengths, done)
-    _, _, _, out_tok, out_lp, out_km, lengths, _ = jax.lax.while_loop(cond, body, carry)
+    out_tok, out_lp, out_km, lengths, recent, done = init
+    carry = (jnp.int32(1), cache, tok, out_tok, out_lp, out_km, lengths, recent, done)
+    _, _, _, out_tok, out_lp, out_km, lengths, _, _ = jax.lax.while_loop(cond, body, carry)
     return out_tok, out_lp, lengths, out_km
 
 
@@ -267,8 +290,9 @@ class JaxEngine:
         greedy: bool = False,
         temperature: float | None = None,
         top_p: float | None = None,
+        stop: Sequence[Sequence[int]] = (),
     ) -> GenerationResult:
-        """Generates ``max_new_tokens`` (or up to EOS) for each prompt.
+        """Generates ``max_new_tokens`` (or up to EOS, or a stop sequence) for each prompt.
 
         Args:
           params: model params pytree (from ``init_params`` or the learner).
@@ -276,6 +300,9 @@ class JaxEngine:
           rng: PRNG key; the same key, prompts and bucket give the same samples.
           greedy: argmax decoding; behavior logprobs are then log_softmax(logits) (T = 1).
           temperature, top_p: override the config's defaults for this call (no recompile).
+          stop: token-id sequences that end a row like EOS does (kept in the row; e.g. a task's
+            encoded stop strings). The matching runs inside the loop, so a batch whose rows all
+            stopped ends early; a new number or length of sequences compiles once more.
 
         Returns:
           GenerationResult; logprobs are log_softmax(logits / temperature)[token], the scaled
@@ -302,7 +329,7 @@ class JaxEngine:
                 f"prompts: longest prompt ({max(lens)}) + max_new_tokens ({m}) exceeds "
                 f"max_seq_len ({self.model_cfg.max_seq_len})"
             )
-        scalars = (np.float32(temperature), np.float32(top_p), np.bool_(greedy))
+        scalars = (np.float32(temperature), np.float32(top_p), np.bool_(greedy), *stop_block(stop))
         chunk = self.cfg.batch_buckets[-1]
         starts = list(range(0, n, chunk))
         keys = [rng] if len(starts) == 1 else list(jax.random.split(rng, len(starts)))

@@ -2,7 +2,8 @@
 
     rollouts = generate_rollouts(engine, params, task, rows, key)   # rows: [N] prompts (G per prompt)
 
-Single-turn: one ``engine.generate`` call; the completion is what the engine sampled.
+Single-turn: one ``engine.generate`` call; the completion is what the engine sampled (up to the
+first stop string, when the task has any).
 
 Multi-turn (the task has ``environment(prompt)``, actors/tasks/base.py): every row is an episode.
 Each turn, the rows still running are sent to the engine together, each with its whole context so
@@ -13,6 +14,19 @@ environment, whose Step gives observation tokens to append, a reward and whether
 done. An episode ends when the environment says done, after ``task.max_turns`` turns, or when the
 tokens after the prompt reach ``task.max_completion_len`` (the last turn is cut there).
 
+Environments are user code and run guarded (actors/env_runner.py): the environments of one turn
+step concurrently, one call per live row, each within the runner's time limit
+(task.env_timeout_s); one that runs past it ends its episode with reward 0 and the reason
+``env_timeout`` (counted as reward/errors/env_timeout), one that raises with ``env_error``; the
+other rows go on. Starting an environment (``task.environment(prompt)``) is guarded the same way.
+
+Stop strings: a task may set ``stop`` (strings, e.g. ("</tool_call>",)). A turn then ends at the
+first of them as it does at EOS, the string's tokens kept as the turn's last: the engine ends the
+row in its loop when the ids match a string's tokenization (JaxEngine; SGLang for one-token
+strings), and every row is also cut after the shortest prefix whose text holds a stop string
+(another tokenization of the string, or an engine that cannot match it). Cutting is exact for
+the learner: a token's sampling probability depends only on what came before it.
+
 What the learner gets per episode: completion = every token after the prompt, in order (model
 turns and observations); policy_mask = True on the model's tokens only, so observations are in
 the context but out of the loss; behavior logprobs = the engine's for model tokens, 0 for
@@ -22,15 +36,74 @@ exactly these ids as its prompt (they are never re-tokenized from text).
 """
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
+from actors.env_runner import EnvRunner, Outcome
 from actors.rewards.scoring import ENV_ERROR, make_completion
 from actors.tasks.base import Prompt, Score, Step, is_multi_turn
 from protocols.messages import EngineTimings, RolloutGroup
+
+ENV_TIMEOUT = "env_timeout"  # an environment call ran past task.env_timeout_s (the episode ends there)
+_DEFAULT_RUNNER: EnvRunner | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_env_runner() -> EnvRunner:
+    """The runner for callers that bring none (held-out evaluation, tools): the config's defaults."""
+    global _DEFAULT_RUNNER
+    with _DEFAULT_LOCK:
+        if _DEFAULT_RUNNER is None:
+            _DEFAULT_RUNNER = EnvRunner()
+        return _DEFAULT_RUNNER
+
+
+def stop_strings(task) -> tuple[str, ...]:
+    """The task's stop strings (its optional ``stop`` attribute), checked."""
+    stop = getattr(task, "stop", ()) or ()
+    if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+        raise TypeError(f"task {getattr(task, 'name', '?')!r}: stop must be a sequence of non-empty strings, "
+                        f"got {stop!r}")
+    return tuple(stop)
+
+
+def _engine_stop(task, texts: tuple[str, ...]) -> dict:
+    """generate() keyword for the stop strings (none when the task has none: any engine works)."""
+    return {"stop": [task.tokenizer.encode(t) for t in texts]} if texts else {}
+
+
+def _text(tokenizer, ids) -> str:
+    """The ids up to the first EOS, special tokens shown (a stop string may be one)."""
+    eos = tokenizer.eos_id
+    kept = []
+    for t in ids:
+        if int(t) == eos:
+            break
+        kept.append(int(t))
+    try:
+        return tokenizer.decode(kept, skip_special_tokens=False)
+    except TypeError:  # CharTokenizer takes no such flag (it shows specials anyway)
+        return tokenizer.decode(kept)
+
+
+def stop_length(tokenizer, ids, texts: tuple[str, ...]) -> int:
+    """Length of the shortest prefix of ids whose text holds a stop string; len(ids) if none does."""
+    n = len(ids)
+    if not texts or not any(t in _text(tokenizer, ids) for t in texts):
+        return n
+    lo, hi = 1, n  # the text of a longer prefix holds whatever a shorter one's does
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(t in _text(tokenizer, ids[:mid]) for t in texts):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 class Rollouts(NamedTuple):
@@ -48,20 +121,24 @@ class Rollouts(NamedTuple):
 
 
 def generate_rollouts(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
-                      greedy: bool = False) -> Rollouts:
-    """Single engine call, or episodes when the task is multi-turn (see the module docstring)."""
+                      greedy: bool = False, envs: EnvRunner | None = None) -> Rollouts:
+    """Single engine call, or episodes when the task is multi-turn (see the module docstring).
+    envs: where environment calls run (default: default_env_runner())."""
     if is_multi_turn(task):
-        return run_episodes(engine, params, task, rows, key, greedy)
-    result = engine.generate(params, [list(p.tokens) for p in rows], key, greedy=greedy)
+        return run_episodes(engine, params, task, rows, key, greedy, envs)
+    texts = stop_strings(task)
+    result = engine.generate(params, [list(p.tokens) for p in rows], key, greedy=greedy, **_engine_stop(task, texts))
     tokens, logprobs = [], []
     for r in range(len(rows)):
         n = int(result.lengths[r])
-        tokens.append(result.tokens[r, :n].tolist())  # the scorer reads ids as a list
+        ids = result.tokens[r, :n].tolist()  # the scorer reads ids as a list
+        n = stop_length(task.tokenizer, ids, texts)
+        tokens.append(ids[:n])
         logprobs.append(result.logprobs[r, :n])  # rows of the engine's array: packed as they are
     versions = getattr(result, "policy_versions", None)
     kept = _kept(result)
     return Rollouts(tokens, logprobs, None, None if versions is None else np.asarray(versions),
-                    int(result.lengths.sum()), None,
+                    sum(len(t) for t in tokens), None,
                     kept_logmass=None if kept is None else [kept[r, :len(t)] for r, t in enumerate(tokens)])
 
 
@@ -87,31 +164,35 @@ class _Episode:
 
 
 def run_episodes(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
-                 greedy: bool = False) -> Rollouts:
+                 greedy: bool = False, envs: EnvRunner | None = None) -> Rollouts:
     """Runs one episode per row to its end; see the module docstring."""
+    envs = envs or default_env_runner()
     budget = int(task.max_completion_len)
     max_turns = int(getattr(task, "max_turns", 1))
+    texts = stop_strings(task)
+    stop = _engine_stop(task, texts)
     episodes = []
-    for p in rows:
-        try:
-            episodes.append(_Episode(p, task.environment(p)))
-        except Exception:  # noqa: BLE001 - a broken environment ends only its own episode
-            ep = _Episode(p, None)
-            ep.done, ep.error = True, ENV_ERROR
-            episodes.append(ep)
+    for p, started in zip(rows, envs.map([functools.partial(task.environment, p) for p in rows])):
+        ep = _Episode(p, started.value)
+        if started.error is not None or started.timed_out:  # a broken environment ends only its own episode
+            ep.done, ep.error = True, ENV_TIMEOUT if started.timed_out else ENV_ERROR
+        episodes.append(ep)
     generated, truncated = 0, False
     for turn in range(max_turns):
         live = [ep for ep in episodes if not ep.done]
         if not live:
             break
         context = [list(ep.prompt.tokens) + ep.tokens for ep in live]
-        result = engine.generate(params, context, jax.random.fold_in(key, turn), greedy=greedy)
+        result = engine.generate(params, context, jax.random.fold_in(key, turn), greedy=greedy, **stop)
         versions = getattr(result, "policy_versions", None)
         kept = _kept(result)
         truncated = truncated or kept is not None
+        turns = []
         for r, ep in enumerate(live):
             n = min(int(result.lengths[r]), budget - len(ep.tokens))
             ids = result.tokens[r, :n].tolist()
+            n = stop_length(task.tokenizer, ids, texts)
+            ids = ids[:n]
             generated += n
             ep.tokens += ids
             ep.logprobs += result.logprobs[r, :n].astype(np.float64).tolist()
@@ -121,7 +202,11 @@ def run_episodes(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
             if versions is not None:
                 v = int(versions[r])
                 ep.version = v if ep.version is None else min(ep.version, v)
-            _env_step(task, ep, ids, budget, last_turn=turn == max_turns - 1)
+            turns.append(make_completion(task.tokenizer, ids))
+        # every live row's environment at once, each within the time limit
+        steps = envs.map([functools.partial(ep.env.step, t) for ep, t in zip(live, turns)])
+        for ep, step in zip(live, steps):
+            _apply_step(ep, step, budget, last_turn=turn == max_turns - 1)
     return Rollouts([ep.tokens for ep in episodes], [ep.logprobs for ep in episodes],
                     [ep.mask for ep in episodes],
                     None if episodes[0].version is None else np.asarray([ep.version or 0 for ep in episodes]),
@@ -131,22 +216,29 @@ def run_episodes(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
                     kept_logmass=[ep.kept for ep in episodes] if truncated else None)
 
 
-def _env_step(task, ep: _Episode, ids: list[int], budget: int, last_turn: bool) -> None:
-    """The environment's answer to one model turn, applied to the episode."""
+def _apply_step(ep: _Episode, outcome: Outcome, budget: int, last_turn: bool) -> None:
+    """The environment's answer to one model turn (or its failure), applied to the episode."""
+    if outcome.timed_out:
+        ep.done, ep.error = True, ENV_TIMEOUT
+        return
+    if outcome.error is not None:  # it raised (whatever it raised: user code)
+        ep.done, ep.error = True, ENV_ERROR
+        return
     try:
-        step = ep.env.step(make_completion(task.tokenizer, ids))
+        step = outcome.value
         if not isinstance(step, Step):
             raise TypeError(f"environment.step must return a Step, got {type(step).__name__}")
         reward = float(step.reward)
         if not np.isfinite(reward):
             raise ValueError("non-finite reward")
         observation = [int(t) for t in step.observation]
+        metrics = {k: float(v) for k, v in dict(step.metrics).items()}
     except Exception:  # noqa: BLE001 - the episode ends, scored 0 and counted
         ep.done, ep.error = True, ENV_ERROR
         return
     ep.reward += reward
-    for k, v in dict(step.metrics).items():
-        ep.metrics[k] = ep.metrics.get(k, 0.0) + float(v)
+    for k, v in metrics.items():
+        ep.metrics[k] = ep.metrics.get(k, 0.0) + v
     room = budget - len(ep.tokens)
     if step.done or last_turn or room <= len(observation):
         ep.done = True  # an observation the model would never answer is not kept

@@ -237,7 +237,9 @@ def prepare(config: dict, warm: bool = False, sglang_urls: tuple[str, ...] = (),
 def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log, sglang_urls=(),
            local: _LocalFiles | None = None):
     from actors.actor_loop import Actor
+    from actors.env_runner import EnvRunner
     from actors.remote_weights import RemoteWeights
+    from actors.tasks.base import is_multi_turn
     from launch.policy import sglang_engine
     from protocols.weights_wire import WeightClient
 
@@ -255,7 +257,8 @@ def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log, sglang_urls=
     log(f"{actor_id}: joined session {welcome.session} (task {task.name}, {cfg.learner.group_size} completions "
         f"per prompt, {welcome.concurrency} prompts per call)")
     return Actor(actor_id, engine, task, client, weights, cfg.learner.group_size, welcome.concurrency,
-                 cfg.actors.seed, scorer=parts.scorer)
+                 cfg.actors.seed, scorer=parts.scorer,
+                 envs=EnvRunner.from_config(cfg.task) if is_multi_turn(task) else None)
 
 
 def _from_parent(stop: threading.Event, log, sglang_urls: tuple[str, ...] = ()) -> tuple[str, Parts | None] | None:

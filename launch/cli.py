@@ -16,8 +16,9 @@
 Exit status: 0 done (also after SIGTERM/SIGINT with a final checkpoint), 1 runtime failure,
 2 bad config (the message names the key), 3 nothing to do (the run already finished).
 `cadence status` exits with the run's state: 0 running, 4 finished, 5 preempted (SIGTERM/SIGINT
-with a final checkpoint; resume it), 6 dead (killed, crashed, or its heartbeat went stale), and
-1 when RUN_DIR is not a run directory.
+with a final checkpoint; resume it), 6 dead (killed, crashed, or its heartbeat went stale),
+7 stalled (alive, but no update for run.stall_factor times its recent update time), and 1 when
+RUN_DIR is not a run directory.
 """
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ class RunConfig:
     prometheus_port: int = 0  # serve Prometheus /metrics on this port (0 = off)
     prometheus_host: str = "127.0.0.1"  # address /metrics binds to: loopback unless set (0.0.0.0 exposes it to the network)
     heartbeat_seconds: float = 5.0  # RUN_DIR/heartbeat.json is rewritten this often; `cadence status` reads it
+    stall_factor: float = 10.0  # `cadence status` says stalled (exit 7) when no update landed for this many times the slowest of the recent updates (evaluations and checkpoints included)
     # JAX persistent compilation cache: "auto" ($XDG_CACHE_HOME or ~/.cache, /cadence/jax), a directory, or "none"
     jax_cache: str = "auto"
     # After a resume, record a SHA-256 of the restored params in summary["resumed_from"] (checks a
@@ -68,6 +69,8 @@ class RunConfig:
             raise ValueError("wandb_project: must be set when loggers has wandb")
         if self.heartbeat_seconds <= 0:
             raise ValueError(f"heartbeat_seconds: must be > 0, got {self.heartbeat_seconds}")
+        if not self.stall_factor > 1:
+            raise ValueError(f"stall_factor: must be > 1 (a multiple of the recent update time), got {self.stall_factor}")
 
 
 _STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

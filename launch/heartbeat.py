@@ -2,12 +2,16 @@
 
     hb = Heartbeat(run_dir, interval=5.0).start()   # state "running"
     hb.update(record)                               # step, samples, time of the newest record
+                                                    # and how many this process wrote (records)
     hb.stop("finished")                             # or "preempted" / "failed": the last word
 
 A daemon thread rewrites the file atomically (write, then rename), so a reader never sees half a
-file. `cadence status` (launch/status.py) tells running / finished / preempted / dead from it: a
-fresh "running" heartbeat whose process exists is a running run; a stale one, or one whose
-process is gone, is a dead run (killed, crashed, or its machine lost).
+file. `cadence status` (launch/status.py) tells running / stalled / finished / preempted / dead
+from it: a fresh "running" heartbeat whose process exists is a running run, unless its newest
+record (last_record_at) is much older than the recent updates took (stalled: the process lives
+and beats, but training is stuck); a stale one, or one whose process is gone, is a dead run
+(killed, crashed, or its machine lost). The beat comes from its own thread, so a fresh heartbeat
+says only that the process lives; last_record_at says whether it makes progress.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._state = {"pid": os.getpid(), "host": socket.gethostname(), "state": "running",
                        "started_at": time.time(), "interval": interval, "step": None, "samples": None,
-                       "last_record_at": None, "sinks_failed": {}}
+                       "last_record_at": None, "records": 0, "sinks_failed": {}}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -41,7 +45,7 @@ class Heartbeat:
         with self._lock:
             self._state.update(step=record.get("step", self._state["step"]),
                                samples=record.get("samples", self._state["samples"]),
-                               last_record_at=time.time())
+                               last_record_at=time.time(), records=self._state["records"] + 1)
 
     def note(self, **fields) -> None:
         """Extra fields for readers (e.g. sinks_failed={name: reason}), written at once."""

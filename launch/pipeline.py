@@ -24,6 +24,8 @@ import warnings
 import zmq
 
 from actors.actor_loop import Actor
+from actors.env_runner import EnvRunner
+from actors.tasks.base import is_multi_turn
 from launch.supervisor import ActorSupervisor
 from learner.loop import PipelineStopped
 from learner.models.named_arrays import ParamLayout
@@ -84,13 +86,15 @@ class Pipeline:
         self.actors: list[Actor] = []
         self._threads: list[threading.Thread] = []
         n_threads = 0 if a.processes else a.num_actors
+        # one pool for the environments of every actor thread (task.env_threads, task.env_timeout_s)
+        envs = EnvRunner.from_config(cfg.task) if n_threads and is_multi_turn(task) else None
         for i in range(n_threads):
             actor_id = f"actor-{i}"
             client = DispatcherClient(self.server.inproc, actor_id, a.prompts_per_call, ctx=self.ctx,
                                       max_bytes=int(a.max_message_mb * (1 << 20)), heartbeat_seconds=a.heartbeat_seconds,
                                       learner_timeout_seconds=a.heartbeat_timeout_seconds)
             self.actors.append(Actor(actor_id, engine, task, client, weights, cfg.learner.group_size,
-                                     a.prompts_per_call, a.seed, scorer=scorer))
+                                     a.prompts_per_call, a.seed, scorer=scorer, envs=envs))
             self._thread_ids.add(actor_id)
         if supervisor is not None:
             supervisor.on_exit = self._process_exited

@@ -4,13 +4,23 @@
     sink.write(record)                          # each metrics record; a scrape sees the newest values
     sink.close()
 
-A scrape reads one consistent snapshot: the newest value of every key the run has reported (the
-held-out exact match stays at its last evaluation between evaluations). Known keys get named
-gauges (cadence_step, cadence_reward_mean, ... in GAUGES); every other number in the records is
-exported too, as cadence_<key with / -> _>; per-actor keys `actor/<id>/<name>` become
-cadence_actor_<name>{actor="<id>"} and `dropped/<reason>` cadence_dropped{reason="<reason>"}.
-A gauge appears when its key first appears. Two are computed at scrape time:
-cadence_seconds_since_checkpoint and cadence_seconds_since_last_step.
+A scrape reads one consistent snapshot of the newest record. Known keys get named gauges
+(cadence_step, cadence_reward_mean, ... in GAUGES); every other number in the records is exported
+too, as cadence_<key with / -> _>; per-actor keys `actor/<id>/<name>` become
+cadence_actor_<name>{actor="<id>"}. A gauge appears when its key first appears.
+
+What a value means decides how it is kept:
+  - per batch (most keys: reward/mean, task/<name>, reward/errors/<reason>, ...): the newest
+    record's value, and 0 once a newer record lacks the key (a batch without reward errors has
+    no reward/errors/* keys: its gauges read 0, not the last batch that had some);
+    reward/errors/<reason> is cadence_reward_errors_batch{reason} and also the counter
+    cadence_reward_errors_total{reason}: the sum over every record this process exported;
+  - held between records (HELD_PREFIXES: evaluations, checkpoints, the controller, the warm-up,
+    per-actor keys): the last value reported (held-out exact match stays at its last evaluation);
+  - cumulative counts the run keeps (COUNTERS: dropped/<reason>, actors/reissued): counters,
+    cadence_dropped_total{reason}, cadence_actors_reissued_total.
+Two gauges are computed at scrape time: cadence_seconds_since_checkpoint and
+cadence_seconds_since_last_step.
 """
 from __future__ import annotations
 
@@ -34,13 +44,22 @@ GAUGES = {
     "batch_size": ("cadence_batch_size", "samples per update"),
     "learning_rate": ("cadence_learning_rate", "Adam learning rate"),
     "actors/alive": ("cadence_actors_alive", "actors currently producing samples"),
-    "actors/reissued": ("cadence_actors_reissued", "prompts re-issued after an actor was lost (cumulative)"),
     "dropped_stale": ("cadence_dropped_stale_batch", "groups dropped as too stale while filling the newest batch"),
     "controller/noise_scale": ("cadence_noise_scale", "the controller's gradient noise scale estimate (samples)"),
 }
 CHECKPOINT_TIME = "checkpoint/last_saved_at"  # unix time of the newest complete checkpoint
 _LABELLED = [(re.compile(r"^actor/([^/]+)/(.+)$"), "cadence_actor_{}", "actor"),
-             (re.compile(r"^dropped/([^/]+)$"), "cadence_dropped", "reason")]
+             (re.compile(r"^reward/errors/([^/]+)$"), "cadence_reward_errors_batch", "reason")]
+# keys whose last value stands until the next one reports it (not per batch)
+HELD_PREFIXES = ("eval/", "checkpoint/", "controller/", "sft/", "actor/")
+# cumulative counts in the records -> (counter name without _total, label or None, help)
+COUNTERS = [(re.compile(r"^dropped/([^/]+)$"), "cadence_dropped", "reason",
+             "groups dropped, by reason (cumulative over the run)"),
+            (re.compile(r"^actors/reissued$"), "cadence_actors_reissued", None,
+             "prompts re-issued after an actor was lost (cumulative)")]
+# per-batch counts summed into counters here -> (counter name, label, help)
+SUMMED = [(re.compile(r"^reward/errors/([^/]+)$"), "cadence_reward_errors", "reason",
+           "completions whose reward failed, by reason (summed over the records this process exported)")]
 
 
 def metric_name(key: str) -> str:
@@ -54,28 +73,46 @@ class RecordCollector:
     def __init__(self):
         self._lock = threading.Lock()
         self._latest: dict[str, float] = {}
+        self._totals: dict[str, float] = {}  # SUMMED keys: the sum over every record
         self._last_record_at: float | None = None
 
     def update(self, values: dict[str, float]) -> None:
+        """One record's numbers: per-batch keys it lacks drop to 0, held keys stay."""
         with self._lock:
+            for key in self._latest:
+                if key not in values and not key.startswith(HELD_PREFIXES) and not _counter(key):
+                    self._latest[key] = 0.0
             self._latest.update(values)
+            for key, value in values.items():
+                if any(pattern.match(key) for pattern, *_ in SUMMED):
+                    self._totals[key] = self._totals.get(key, 0.0) + value
             self._last_record_at = time.time()
 
     def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         with self._lock:
-            latest, last_at = dict(self._latest), self._last_record_at
-        families: dict[str, GaugeMetricFamily] = {}
+            latest, totals, last_at = dict(self._latest), dict(self._totals), self._last_record_at
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
-        def family(name, doc, labels=()):
+        def family(name, doc, labels=(), kind=GaugeMetricFamily):
             if name not in families:
-                families[name] = GaugeMetricFamily(name, doc, labels=list(labels))
+                families[name] = kind(name, doc, labels=list(labels))
             return families[name]
 
+        def count(rules, values):
+            for key, value in values.items():
+                for pattern, name, label, doc in rules:
+                    m = pattern.match(key)
+                    if m:
+                        family(name, doc, [label] if label else [], CounterMetricFamily).add_metric(
+                            [m.group(1)] if label else [], value)
+
+        count(COUNTERS, latest)
+        count(SUMMED, totals)
         named = {name for name, _ in GAUGES.values()}
         for key, value in latest.items():
-            if key == CHECKPOINT_TIME:
+            if key == CHECKPOINT_TIME or _counter(key):
                 continue
             if key in GAUGES:
                 name, doc = GAUGES[key]
@@ -100,6 +137,10 @@ class RecordCollector:
             family("cadence_seconds_since_last_step", "seconds since the run reported its newest update").add_metric(
                 [], now - last_at)
         yield from families.values()
+
+
+def _counter(key: str) -> bool:
+    return any(pattern.match(key) for pattern, *_ in COUNTERS)
 
 
 class PrometheusSink:

@@ -3,13 +3,14 @@
     path = write_report(["runs/a", "runs/b"], "compare.html")
 
 Plots (launch/plots.py, PNG inlined as data: URIs; nothing is fetched when the file opens):
-reward and held-out exact match against samples and against wall time, staleness, ESS and the
-sampler/learner mismatch KL, generation and training tokens/s, batch size, learning rate and the
-noise-scale estimate over time with the controller's decisions marked, loss and gradient norm.
-Each run is one colour in every plot. Above them: a table of the runs (state, steps, samples,
-final held-out exact match, target, wall time) and the config keys on which the runs differ;
-below: the controller's decisions. Per-update curves noisier than a few hundred points are shown
-as a moving average (the caption says how wide).
+reward and held-out exact match against samples and against wall time, held-out reward,
+staleness, ESS and the sampler/learner mismatch KL, generation and training tokens/s, batch size,
+learning rate and the noise-scale estimate over time with the controller's decisions marked, loss
+and gradient norm, and the task's own metrics (every eval/<name> and task/<name> a run reports: a
+plug-in task's own numbers). Each run is one colour in every plot. Above them: a table of the
+runs (state, steps, samples, final held-out exact match and reward, target, wall time) and the
+config keys on which the runs differ; below: the controller's decisions. Per-update curves noisier
+than a few hundred points are shown as a moving average (the caption says how wide).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ PANELS = [
     ("Learning", "reward/mean", "training reward over time", TIME, "mean reward per batch", True, False),
     ("Learning", "eval/exact_match", "held-out exact match", SAMPLES, "greedy exact match", False, False),
     ("Learning", "eval/exact_match", "held-out exact match over time", TIME, "greedy exact match", False, False),
+    ("Learning", "eval/reward", "held-out reward", SAMPLES, "greedy mean reward", False, False),
     ("Off-policy", "staleness/mean", "staleness", SAMPLES, "mean policy-version lag", True, False),
     ("Off-policy", "ess", "effective sample size", SAMPLES, "ESS / batch", True, False),
     ("Off-policy", "mismatch_kl", "sampler / learner mismatch KL", SAMPLES, "KL per token", True, False),
@@ -118,11 +120,24 @@ def _short(d: dict) -> str:
     return f"B {m.group(1)}→{m.group(2)}" if m else d["action"]
 
 
+TASK_SECTION = "The task's own metrics"
+_FIXED = {p[1] for p in PANELS} | {"eval/reward_errors"}
+
+
+def task_panels(runs: list[dict]) -> list[tuple]:
+    """PANELS rows for the task's own metrics (a plug-in task's eval/<name> and task/<name>),
+    for every such key in any run."""
+    keys = sorted({k for run in runs for r in run["rows"] for k, v in r.items()
+                   if k.startswith(("eval/", "task/")) and k not in _FIXED and isinstance(v, (int, float))})
+    return [(TASK_SECTION, k, f"held-out {k[5:]}" if k.startswith("eval/") else f"training {k[5:]}", SAMPLES,
+             k, k.startswith("task/"), False) for k in keys]
+
+
 def build_panels(runs: list[dict]) -> list[tuple[str, plots.Panel, str]]:
     """(section, panel, caption) for every plot that has data in at least one run."""
     labels = _labels([r["dir"] for r in runs])
     out = []
-    for section, key, title, (xkey, xlabel), ylabel, smooth, marked in PANELS:
+    for section, key, title, (xkey, xlabel), ylabel, smooth, marked in PANELS + task_panels(runs):
         lines, marks, windows = [], [], set()
         for i, (run, label) in enumerate(zip(runs, labels)):
             x, y, w = series(run["rows"], key, xkey, smooth)
@@ -182,16 +197,19 @@ def render_html(runs: list[dict]) -> str:
              f"<p>{len(runs)} run(s), made {e(datetime.datetime.now().strftime('%Y-%m-%d %H:%M'))} "
              "from each run's metrics.jsonl, summary.json and heartbeat.</p>",
              "<table><tr><th>run</th><th>state</th><th>task</th><th>steps</th><th>samples</th>"
-             "<th>final held-out exact match</th><th>target reached at</th><th>wall time (s)</th><th>folder</th></tr>"]
+             "<th>final held-out exact match</th><th>final held-out reward</th>"
+             "<th>target reached at</th><th>wall time (s)</th><th>folder</th></tr>"]
     for i, (run, label) in enumerate(zip(runs, labels)):
         rows, st = run["rows"], run["status"]
         evals = [r["eval/exact_match"] for r in rows if r.get("eval/exact_match") is not None]
+        heldout = [r["eval/reward"] for r in rows if r.get("eval/reward") is not None]
         hit = (run["summary"] or {}).get("target_reached_at")
         hit_text = f"step {hit['step']}, {hit['samples']} samples, {hit['wall_time']:.1f} s" if hit else "-"
         parts.append(
             f'<tr><td><span class="swatch" style="background:{TAB10[i % 10]}"></span>{e(label)}</td>'
             f"<td>{e(st['state'])}</td><td>{e(str(run['config'].get('task', {}).get('name', '-')))}</td>"
             f"<td>{_fmt(st['step'])}</td><td>{_fmt(st['samples'])}</td><td>{_fmt(evals[-1] if evals else None)}</td>"
+            f"<td>{_fmt(heldout[-1] if heldout else None)}</td>"
             f"<td>{e(hit_text)}</td><td>{_fmt(st['wall_time'], '{:.1f}')}</td><td>{e(run['dir'])}</td></tr>")
     parts.append("</table>")
     diffs = _config_differences(runs) if len(runs) > 1 else []

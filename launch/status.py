@@ -5,6 +5,11 @@
 
 States, from RUN_DIR/heartbeat.json (launch/heartbeat.py), the process table and summary.json:
     running    the heartbeat is fresh and its process exists
+    stalled    the heartbeat is fresh and its process exists, but no update has landed for
+               run.stall_factor times the slowest of its recent updates (an evaluation or a
+               checkpoint included): the process lives, training is stuck (a hung actor,
+               reward or learner step). Judged once the process has written two records, and
+               not after its last update (the final evaluation and export add no record).
     finished   the run ended normally (its final state, or summary.json without "preempted")
     preempted  SIGTERM/SIGINT ended it with a final checkpoint; `cadence train --resume` continues
     dead       the process is gone without a final word (kill -9, crash, lost machine), or its
@@ -23,7 +28,8 @@ import yaml
 
 from launch import heartbeat
 
-EXIT_CODES = {"running": 0, "finished": 4, "preempted": 5, "dead": 6}
+EXIT_CODES = {"running": 0, "finished": 4, "preempted": 5, "dead": 6, "stalled": 7}
+STALL_FACTOR = 10.0  # run.stall_factor's default (launch/config.py), for runs whose config lacks it
 EXIT_NOT_A_RUN = 1
 WINDOW = 20  # updates the trend and throughput are measured over
 
@@ -67,10 +73,16 @@ def tail_records(path: str, min_evals: int = 2, max_bytes: int = 64 << 20) -> li
                 rows.append(json.loads(line))
             except ValueError:
                 continue  # blank, or a line being written
-        evals = sum(r.get("eval/exact_match") is not None for r in rows)
+        evals = sum(_is_eval(r) for r in rows)
         if n >= size or n >= max_bytes or (len(rows) >= 2 * WINDOW and evals >= min_evals):
             return rows
         n *= 4
+
+
+def _is_eval(r: dict) -> bool:
+    """A record that carries a held-out evaluation (every one has eval/reward; older runs only
+    eval/exact_match)."""
+    return r.get("eval/reward") is not None or r.get("eval/exact_match") is not None
 
 
 def _load(path: str):
@@ -110,6 +122,36 @@ def _state(hb: dict | None, summary: dict | None, now: float) -> tuple[str, str]
     return "running", f"process {hb['pid']} on {hb.get('host')}, heartbeat {age:.0f} s ago"
 
 
+def _stall(hb: dict, rows: list[dict], factor: float, now: float) -> str | None:
+    """Why a live run counts as stalled, or None: its newest record is older than `factor` times
+    the slowest gap between the recent records this process wrote (plus two heartbeat intervals:
+    the file may lag the newest record by one)."""
+    last_at, written = hb.get("last_record_at"), int(hb.get("records") or 0)
+    if last_at is None or written < 2:
+        return None  # still starting (compiling, the warm-up): no update time to compare with
+    ours = rows[-min(written, WINDOW + 1):]  # the tail of the file is this process's records
+    times = [r["wall_time"] for r in ours if isinstance(r.get("wall_time"), (int, float))]
+    gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
+    if not gaps:
+        return None
+    quiet, slowest = now - last_at, max(gaps)
+    limit = factor * slowest + 2 * hb.get("interval", 5.0)
+    if quiet <= limit:
+        return None
+    return (f"process {hb['pid']} on {hb.get('host')} is alive, but no update for {_duration(quiet)} "
+            f"(the slowest of the last {len(gaps)} took {slowest:.1f} s; run.stall_factor={factor:g})")
+
+
+def _finishing(last: dict, run_cfg: dict) -> bool:
+    """Whether the newest record was the run's last update (steps, samples or the exact-match
+    target reached): the process is in its final evaluation and export, which add no record."""
+    def reached(value, limit) -> bool:
+        return isinstance(value, (int, float)) and isinstance(limit, (int, float)) and 0 < limit <= value
+
+    return (reached(last.get("step"), run_cfg.get("steps")) or reached(last.get("samples"), run_cfg.get("max_samples"))
+            or reached(last.get("eval/exact_match"), run_cfg.get("stop_at_exact_match")))
+
+
 def run_status(run_dir: str, now: float | None = None) -> dict:
     """Everything `cadence status` shows, as a dict (also `cadence status --json`)."""
     now = time.time() if now is None else now
@@ -122,7 +164,12 @@ def run_status(run_dir: str, now: float | None = None) -> dict:
     rows = tail_records(os.path.join(run_dir, "metrics.jsonl"))
     steps = [r for r in rows if r.get("step", 0) > 0 and "reward/mean" in r]
     last = rows[-1] if rows else {}
-    run_cfg = cfg.get("run", {})
+    run_cfg = cfg.get("run") or {}
+    if state == "running" and not _finishing(last, run_cfg):
+        factor = run_cfg.get("stall_factor", STALL_FACTOR)
+        stalled = _stall(hb, rows, float(factor) if isinstance(factor, (int, float)) else STALL_FACTOR, now)
+        if stalled:
+            state, why = "stalled", stalled
     st = {"run_dir": os.path.abspath(run_dir), "state": state, "why": why,
           "pid": hb and hb.get("pid"), "host": hb and hb.get("host"),
           "heartbeat_age": now - hb["time"] if hb else None,
@@ -135,6 +182,19 @@ def run_status(run_dir: str, now: float | None = None) -> dict:
     st["exact_match"] = evals[-1]["eval/exact_match"] if evals else None
     st["exact_match_step"] = evals[-1]["step"] if evals else None
     st["exact_match_trend"] = (evals[-1]["eval/exact_match"] - evals[-2]["eval/exact_match"]) if len(evals) > 1 else None
+    # The task's own numbers (a plug-in task may have no exact match): held-out reward and every
+    # eval/<name> of the newest evaluation, and task/<name> (training) averaged over recent updates.
+    heldout = [r for r in rows if _is_eval(r) and r.get("eval/reward") is not None]
+    st["heldout_reward"] = heldout[-1]["eval/reward"] if heldout else None
+    st["heldout_reward_step"] = heldout[-1].get("step") if heldout else None
+    st["heldout_reward_trend"] = (heldout[-1]["eval/reward"] - heldout[-2]["eval/reward"]) if len(heldout) > 1 else None
+    newest = [r for r in rows if _is_eval(r)]
+    st["eval_metrics"] = {k.split("/", 1)[1]: v for k, v in (newest[-1] if newest else {}).items()
+                          if k.startswith("eval/") and k not in ("eval/exact_match", "eval/reward")
+                          and isinstance(v, (int, float))}
+    names = sorted({k for r in recent for k in r if k.startswith("task/")})
+    st["task_metrics"] = {k.split("/", 1)[1]: float(np.mean([r.get(k, 0.0) for r in recent if r.get(k) is not None]))
+                          for k in names}
     span = (recent[-1]["wall_time"] - recent[0]["wall_time"]) if len(recent) > 1 else 0.0
     st["samples_per_second"] = (recent[-1]["samples"] - recent[0]["samples"]) / span if span > 0 else None
     steps_per_second = (recent[-1]["step"] - recent[0]["step"]) / span if span > 0 else None
@@ -200,7 +260,7 @@ def _k(v) -> str:
     return "-" if v is None else (f"{v / 1000:.1f}k" if v >= 1000 else f"{v:.0f}")
 
 
-COLORS = {"running": "green", "finished": "blue", "preempted": "yellow", "dead": "red"}
+COLORS = {"running": "green", "stalled": "magenta", "finished": "blue", "preempted": "yellow", "dead": "red"}
 
 
 def render(st: dict):
@@ -219,7 +279,16 @@ def render(st: dict):
     t.add_row("reward", f"{_num(st['reward'])}{_trend(st['reward_trend'])}  (last {WINDOW} updates vs the "
                         f"{WINDOW} before)")
     em_at = f" at step {st['exact_match_step']}" if st["exact_match_step"] is not None else ""
-    t.add_row("held-out exact match", f"{_num(st['exact_match'])}{_trend(st['exact_match_trend'])}{em_at}")
+    if st["exact_match"] is not None or st.get("heldout_reward") is None:
+        t.add_row("held-out exact match", f"{_num(st['exact_match'])}{_trend(st['exact_match_trend'])}{em_at}")
+    if st.get("heldout_reward") is not None:
+        t.add_row("held-out reward", f"{_num(st['heldout_reward'])}{_trend(st['heldout_reward_trend'])}"
+                                     f" at step {st['heldout_reward_step']}")
+    if st.get("eval_metrics"):
+        t.add_row("held-out metrics", "   ".join(f"{k} {_num(v)}" for k, v in st["eval_metrics"].items()))
+    if st.get("task_metrics"):
+        t.add_row("task metrics", "   ".join(f"{k} {_num(v)}" for k, v in st["task_metrics"].items())
+                  + f"  (mean of the last {WINDOW} updates)")
     t.add_row("throughput", f"{_num(st['samples_per_second'], '{:.1f}')} samples/s   generation "
                             f"{_k(st['generation_tokens_per_second'])} tok/s   training "
                             f"{_k(st['training_tokens_per_second'])} tok/s")
@@ -246,13 +315,14 @@ def render(st: dict):
 
 
 def watch(run_dir: str, interval: float, console) -> dict:
-    """Refresh the screen every `interval` seconds until the run stops running (or Ctrl-C)."""
+    """Refresh the screen every `interval` seconds until the run stops (or Ctrl-C); a stalled run
+    is still watched (it may recover)."""
     from rich.live import Live
 
     st = run_status(run_dir)
     with Live(render(st), console=console, auto_refresh=False) as live:
         try:
-            while st["state"] == "running":
+            while st["state"] in ("running", "stalled"):
                 time.sleep(interval)
                 st = run_status(run_dir)
                 live.update(render(st), refresh=True)

@@ -65,7 +65,8 @@ def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_
         return params, {}
     for _ in range(sft_cfg.steps):
         prompts = stream.take(sft_cfg.batch_size)
-        batch = build_sft_batch([p.tokens for p in prompts], [p.answer for p in prompts], seq_len, pad_id)
+        batch = build_sft_batch([p.tokens for p in prompts], [p.answer for p in prompts], seq_len, pad_id,
+                                answer_masks=[p.answer_mask for p in prompts])  # tool output: not trained on
         params, opt_state, metrics = sft.update(params, opt_state, batch)
         loss = metrics["loss"]
     progress.message(f"supervised warm-up: {sft_cfg.steps} steps, final loss {float(loss):.3f}")

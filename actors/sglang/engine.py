@@ -159,9 +159,15 @@ class SGLangEngine(ServerPool, WeightSync):
         return await asyncio.gather(*(self._complete(list(map(int, p)), sampling, epoch) for p in prompts))
 
     def generate(self, params, prompts: Sequence[Sequence[int]], rng=None, *, greedy: bool = False,
-                 temperature: float | None = None, top_p: float | None = None) -> SGLangResult:
+                 temperature: float | None = None, top_p: float | None = None,
+                 stop: Sequence[Sequence[int]] = ()) -> SGLangResult:
         """Same contract as JaxEngine.generate; params and rng are not used (the servers hold the
         weights: call sync_weights first; sampling seeds are the servers' own).
+
+        stop: one-token sequences go to the server as stop_token_ids (it ends the row there, the
+        id kept). Longer ones are not sent: SGLang matches stop strings on decoded text, and the
+        servers run without a tokenizer (--skip-tokenizer-init; sglang-jax then fails on "stop"),
+        so the caller cuts such a row after the sequence (actors/episodes.py does).
 
         Raises:
           GenerationAborted: abort() was called meanwhile.
@@ -173,7 +179,8 @@ class SGLangEngine(ServerPool, WeightSync):
         if self.served_version is None:
             raise SGLangError("no weights served yet: call sync_weights(params, version) first")
         sampling = {"max_new_tokens": self.max_new_tokens, "temperature": 0.0 if greedy else temperature,
-                    "top_p": 1.0 if greedy else top_p, "stop_token_ids": [self.eos_id],
+                    "top_p": 1.0 if greedy else top_p,
+                    "stop_token_ids": [self.eos_id, *sorted({int(q[0]) for q in stop if len(q) == 1} - {self.eos_id})],
                     "skip_special_tokens": False, "no_stop_trim": True}
         n, m = len(prompts), self.max_new_tokens
         tokens = np.full((n, m), self.pad_id, np.int32)

@@ -29,11 +29,19 @@ class Prompt:
     answer: tuple[int, ...] = ()  # reference completion ids INCLUDING the final EOS; () = no reference
     text: str = ""  # the prompt as text (optional; what a reward or a reward server may want to read)
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the record's other fields
+    # which answer ids the supervised warm-up trains on: () = all of them; a multi-turn transcript
+    # marks the environment's observations False (in the context, out of the loss). Last, so
+    # positional construction keeps its meaning.
+    answer_mask: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         # Prompts travel to reward workers and servers: keep them plain and read-only in spirit.
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
         object.__setattr__(self, "answer", tuple(int(t) for t in self.answer))
+        object.__setattr__(self, "answer_mask", tuple(bool(m) for m in self.answer_mask))
+        if self.answer_mask and len(self.answer_mask) != len(self.answer):
+            raise ValueError(f"{self.prompt_id}: answer_mask has {len(self.answer_mask)} entries for "
+                             f"{len(self.answer)} answer ids")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +72,8 @@ class Task(Protocol):
       max_prompt_len: max len(tokens) over the whole stream.
       max_completion_len: tokens a completion needs: single-turn, the engine's max_new_tokens must
         cover it; multi-turn, the whole episode after the prompt (model and tool tokens).
+      stop (optional): strings that end a completion (multi-turn: a turn) as EOS does, the string
+        kept, e.g. ("</tool_call>",); see actors/episodes.py.
     """
 
     name: str
@@ -91,7 +101,8 @@ class Task(Protocol):
 class Step:
     """What an environment answers after one model turn."""
 
-    observation: Sequence[int] = ()  # tokens appended to the context (masked out of the loss)
+    # tokens appended to the context (out of the loss; a warm-up transcript marks them in Prompt.answer_mask)
+    observation: Sequence[int] = ()
     reward: float = 0.0  # added to the episode's reward
     done: bool = False  # the episode ends here (the observation is then dropped)
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)  # summed over the episode
@@ -103,6 +114,9 @@ class Environment(Protocol):
         env = task.environment(prompt)
         for turn in range(task.max_turns):
             step = env.step(Completion(model_turn_ids, text))  # tool output, reward, done
+
+    Both calls run on the actor's environment threads, rows at once, each within
+    task.env_timeout_s (actors/env_runner.py); an instance serves one episode, so it needs no lock.
     """
 
     def step(self, turn: Completion) -> Step:

@@ -46,6 +46,8 @@ class TaskConfig:
     reward_url: str = ""  # score on an HTTP reward server instead (POST one group per request; see docs/tasks.md)
     reward_concurrency: int = 8  # reward_url: requests in flight
     reward_retries: int = 2  # reward_url: re-sends after a timeout, connection error, HTTP error or malformed answer
+    env_timeout_s: float = 30.0  # multi-turn: per environment call (start, step); one that runs longer ends its episode with reward 0 (counted as env_timeout)
+    env_threads: int = 16  # multi-turn: environment calls running at once per actor process (rows step concurrently)
 
     def validate(self) -> None:
         """Checks ranges; raises ValueError("<field>: <problem>")."""
@@ -76,6 +78,10 @@ class TaskConfig:
             raise ValueError(f"reward_concurrency: must be >= 1, got {self.reward_concurrency}")
         if self.reward_retries < 0:
             raise ValueError(f"reward_retries: must be >= 0, got {self.reward_retries}")
+        if not self.env_timeout_s > 0:
+            raise ValueError(f"env_timeout_s: must be > 0, got {self.env_timeout_s}")
+        if self.env_threads < 1:
+            raise ValueError(f"env_threads: must be >= 1, got {self.env_threads}")
         if self.reward not in REWARD_KINDS:
             raise ValueError(f"reward: must be one of {REWARD_KINDS}, got {self.reward!r}")
         if self.format not in PROMPT_FORMATS:

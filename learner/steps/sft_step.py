@@ -27,6 +27,7 @@ def build_sft_batch(
     seq_len: int,
     pad_id: int,
     batch_size: int | None = None,
+    answer_masks: Sequence[Sequence[bool]] | None = None,
 ) -> Microbatch:
     """Lays out prompt + answer rows (loss_mask on the answer) as one [B, seq_len] Microbatch.
 
@@ -37,6 +38,9 @@ def build_sft_batch(
       pad_id: padding token id.
       batch_size: if given, pad with empty rows to this many (a fixed jit shape); default
         len(prompts_tokens).
+      answer_masks: per example, which answer tokens are trained on (an empty one: all); False
+        keeps a token in the context but out of the loss (a tool's output in a multi-turn
+        transcript: the model never has to produce it).
 
     Raises:
       ValueError: mismatched lengths, too many examples, or a prompt that leaves no room.
@@ -46,6 +50,8 @@ def build_sft_batch(
     rows = len(prompts_tokens) if batch_size is None else batch_size
     if len(prompts_tokens) > rows:
         raise ValueError(f"{len(prompts_tokens)} examples exceed batch_size {rows}")
+    if answer_masks is not None and len(answer_masks) != len(answers_tokens):
+        raise ValueError(f"{len(answer_masks)} answer masks for {len(answers_tokens)} answers")
     mb = empty_microbatch(rows, seq_len, pad_id)
     for i, (prompt, answer) in enumerate(zip(prompts_tokens, answers_tokens)):
         p = len(prompt)
@@ -55,7 +61,10 @@ def build_sft_batch(
         mb.tokens[i, :p] = np.asarray(prompt, np.int32)
         mb.tokens[i, p : p + a] = np.asarray(answer[:a], np.int32)
         mb.mask[i, : p + a] = True
-        mb.loss_mask[i, p : p + a] = 1.0
+        keep = answer_masks[i] if answer_masks is not None and len(answer_masks[i]) else None
+        if keep is not None and len(keep) != len(answer):
+            raise ValueError(f"example {i}: answer mask of {len(keep)} for {len(answer)} answer tokens")
+        mb.loss_mask[i, p : p + a] = 1.0 if keep is None else np.asarray(keep[:a], np.float32)
     return mb
 
 

@@ -49,3 +49,41 @@ def test_groups_carry_the_kept_top_p_mass_of_each_token(top_p):
         assert any(k < 0 for kept in g.kept_logmass for k in kept)  # the nucleus cut something
         back = codec.decode(codec.encode(g))  # an optional field: no schema bump
         assert back.kept_logmass == g.kept_logmass
+
+
+def test_a_hanging_environment_does_not_hang_the_actor(tmp_path):
+    """A real actor step on the calculator example whose tool never answers for one prompt: that
+    prompt's episodes end at task.env_timeout_s, scored 0 and counted (env_timeout) in the groups
+    the learner gets; the other prompts' episodes are untouched."""
+    import threading
+    import time
+
+    from actors.env_runner import EnvRunner
+
+    cfg = load_config(files=["examples/calculator/config.yaml"], overrides=["task.env_timeout_s=0.5"])
+    policy = build_policy(cfg)
+    engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id, policy.tokenizer.pad_id)
+    task = make_task(cfg.task, policy.tokenizer)
+    release, build = threading.Event(), task.environment
+
+    class HangingTool:
+        def __init__(self, env):
+            self.env = env
+
+        def step(self, turn):
+            release.wait()  # the tool never answers (until the test ends)
+            return self.env.step(turn)
+
+    prompts = PromptStream(task).take(3)
+    task.environment = lambda p: HangingTool(build(p)) if p.index == prompts[1].index else build(p)
+    actor = Actor("a0", engine, task, None, InProcessWeights(policy.params, 0), G, 3, seed=0,
+                  envs=EnvRunner.from_config(cfg.task))
+    t0 = time.monotonic()
+    try:
+        groups = actor.step(prompts)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 60  # without the limit: never
+    assert groups[1].reward_errors == ["env_timeout"] * G and groups[1].rewards == [0.0] * G
+    assert groups[0].reward_errors is None and groups[2].reward_errors is None
+    assert codec.decode(codec.encode(groups[1])).reward_errors == ["env_timeout"] * G

@@ -1,13 +1,17 @@
 """Multi-turn episodes: loss masks, behavior/learner logprob alignment across turns, PPO's GAE over
 non-contiguous masks, and the episode limits, against NumPy references on hand-made episodes.
 """
+import threading
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from actors.engine import EngineConfig, JaxEngine
-from actors.episodes import generate_rollouts, run_episodes
+from actors.env_runner import EnvRunner
+from actors.episodes import ENV_TIMEOUT, build_groups, generate_rollouts, run_episodes
 from actors.tasks.base import Prompt, Step
 from learner.algorithms import ppo as ppo_ops
 from learner.algorithms.logprobs import token_logprobs_and_entropy
@@ -178,3 +182,122 @@ def test_top_p_kept_mass_follows_the_episode_tokens(model):
         assert any(k < 0.0 for k in kept)
     full = JaxEngine(cfg, graphdef, EngineConfig(max_new_tokens=4), eos_id=2, pad_id=0)
     assert generate_rollouts(full, params, ScriptedTask(turns=3), p, jax.random.key(2)).kept_logmass is None
+
+
+class HangingEnv:
+    """Hangs on its `hang_at`-th step (a tool that never answers) until `release` is set."""
+
+    def __init__(self, hang_at, release, barrier=None):
+        self.hang_at, self.release, self.barrier, self.n = hang_at, release, barrier, 0
+
+    def step(self, turn):
+        self.n += 1
+        if self.barrier is not None:
+            self.barrier.wait()  # every row's step is running at once, or this breaks
+        if self.n == self.hang_at:
+            self.release.wait()
+        return Step(observation=OBS, reward=1.0, done=self.n >= 2)
+
+
+class HangingTask(ScriptedTask):
+    def __init__(self, hang_rows, barrier=None):
+        super().__init__()
+        self.hang_rows, self.barrier, self.release = hang_rows, barrier, threading.Event()
+
+    def environment(self, prompt):
+        return HangingEnv(1 if prompt.index in self.hang_rows else 0, self.release, self.barrier)
+
+
+def test_a_hanging_environment_ends_its_episode_at_the_limit_and_is_counted(model):
+    _, _, params, engine = model
+    task = HangingTask(hang_rows={1})
+    rows = [Prompt(f"p/train/{i}", i, (1, 4 + i, 5 + i)) for i in range(3)]
+    t0 = time.monotonic()
+    try:
+        out = run_episodes(engine, params, task, rows, jax.random.key(0), envs=EnvRunner(threads=4, timeout_s=0.5))
+    finally:
+        task.release.set()
+    assert time.monotonic() - t0 < 20  # the hang would hold the actor forever
+    assert [s.error for s in out.scores] == ["", ENV_TIMEOUT, ""]
+    assert out.scores[1].reward == 0.0 and out.turns == [2, 1, 2] and out.scores[0].reward == 2.0
+    # what the learner counts as reward/errors/env_timeout
+    call = EngineTimings(queued_at=0, started_at=0, finished_at=0, generate_seconds=0, num_tokens=0, engine="jax")
+    groups = build_groups("scripted", "a", rows, out, [[s] for s in out.scores], 0, call)
+    assert [g.reward_errors for g in groups] == [None, [ENV_TIMEOUT], None]
+
+
+def test_rows_step_concurrently(model):
+    _, _, params, engine = model
+    n = 4  # each step waits for all the rows' steps: stepped one after another, the barrier breaks
+    task = HangingTask(hang_rows=set(), barrier=threading.Barrier(n, timeout=10))
+    rows = [Prompt(f"p/train/{i}", i, (1, 4 + i, 5 + i)) for i in range(n)]
+    out = run_episodes(engine, params, task, rows, jax.random.key(0), envs=EnvRunner(threads=n, timeout_s=30))
+    assert [s.error for s in out.scores] == [""] * n and out.turns == [2] * n
+
+
+class StopTask(ScriptedTask):
+    """ScriptedTask with stop strings; its environments record the turns they saw."""
+
+    def __init__(self, stop, **kw):
+        super().__init__(**kw)
+        self.stop, self.seen = stop, []
+
+    def environment(self, prompt):
+        task = self
+
+        class Recording(ScriptedEnv):
+            def step(self, turn):
+                task.seen.append(turn.text)
+                return super().step(turn)
+
+        return Recording(self.turns)
+
+
+class NoStopEngine:
+    """The real engine, asked without the stop sequences (an engine that cannot match them)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, params, rows, key, greedy=False, stop=()):
+        return self.engine.generate(params, rows, key, greedy=greedy)
+
+
+@pytest.mark.parametrize("where", ["engine", "cut"])
+def test_a_stop_string_ends_a_turn(where):
+    """engine: the JAX engine ends the row in its loop; cut: an engine that ignores the stop
+    sequences, and the episode cuts the turn after the string. Either way the turn is the same."""
+    tok = CharTokenizer()
+    cfg = ModelConfig(vocab_size=tok.vocab_size, max_seq_len=64)  # every id has a text
+    graphdef, params = init_params(cfg, 0)
+    engine = JaxEngine(cfg, graphdef, EngineConfig(max_new_tokens=8), eos_id=tok.eos_id, pad_id=tok.pad_id)
+    prompt = [Prompt("p/train/0", 0, (tok.bos_id, *tok.encode("12+")))]
+    first = run_episodes(engine, params, ScriptedTask(turns=1), prompt, jax.random.key(0), greedy=True).tokens[0]
+    assert len(first) >= 4 and tok.eos_id not in first[:4]
+    pair = first[2:4]  # two ids the free turn produced after its start
+    want = next(i for i in range(len(first) - 1) if first[i:i + 2] == pair) + 2  # its first occurrence, kept
+    stop = tok.decode(pair)
+    task = StopTask((stop,), turns=1)
+    out = run_episodes(engine if where == "engine" else NoStopEngine(engine), params, task, prompt,
+                       jax.random.key(0), greedy=True)
+    assert out.tokens[0] == first[:want] and tok.decode(out.tokens[0]).endswith(stop)
+    assert len(out.logprobs[0]) == len(out.policy_mask[0]) == want == out.generated_tokens
+    assert task.seen == [tok.decode(first[:want])]  # the environment saw the turn up to the stop string
+
+
+def test_the_engine_ends_a_row_at_a_stop_sequence_in_its_loop(model):
+    cfg, graphdef, params, _ = model
+    engine = JaxEngine(cfg, graphdef, EngineConfig(max_new_tokens=8), eos_id=99, pad_id=0)  # no EOS ever
+    prompts = [[1, 4, 5], [1, 6, 7, 8]]
+    free = engine.generate(params, prompts, jax.random.key(3), greedy=True)
+    assert list(free.lengths) == [8, 8]
+    row = free.tokens[0].tolist()
+    seq = row[2:4]
+    first = next(i for i in range(len(row) - 1) if row[i:i + 2] == seq) + 2
+    stopped = engine.generate(params, prompts, jax.random.key(3), greedy=True, stop=[seq, [99, 98, 97]])
+    assert int(stopped.lengths[0]) == first and stopped.tokens[0, :first].tolist() == row[:first]
+    assert (stopped.tokens[0, first:] == 0).all() and (stopped.logprobs[0, first:] == 0).all()
+    np.testing.assert_allclose(stopped.logprobs[0, :first], free.logprobs[0, :first], atol=1e-6)
+    other = free.tokens[1].tolist()  # row 1 stops only where it produces seq itself
+    want = next((i + 2 for i in range(len(other) - 1) if other[i:i + 2] == seq), 8)
+    assert int(stopped.lengths[1]) == want

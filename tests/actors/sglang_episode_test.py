@@ -71,3 +71,27 @@ def test_episode_runs_on_the_server_with_aligned_logprobs(tmp_path):
         ref = np.asarray(token_logprobs_and_entropy(logits, seq)[0][0, len(prompt.tokens):])
         m = np.asarray(mask)
         np.testing.assert_allclose(np.asarray(lp)[m], ref[m], atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_a_one_token_stop_ends_the_row_on_the_server(tmp_path):
+    """A stop sequence of one id goes to the server as a stop token id: the server itself ends the
+    row there (the stop id kept), as the JAX engine does in its loop."""
+    cfg = tiny_server_model()
+    graphdef, params = init_params(cfg, 0)
+    sg = SGLangConfig(launch_python=sglang_python(), request_timeout_s=60.0)
+    engine = SGLangEngine(sg, max_new_tokens=MAX_NEW, eos_id=99, pad_id=PAD,  # 99: no EOS in the way
+                          export_fn=lambda p, d: export_for_server(cfg, p, d), work_dir=str(tmp_path))
+    try:
+        assert engine.sync_weights(params, 0)
+        prompts = [[1, 4, 5, 6], [1, 7, 8, 9]]
+        free = engine.generate(None, prompts, greedy=True)
+        row = free.tokens[0].tolist()
+        assert int(free.lengths[0]) == MAX_NEW
+        stop_id = row[2]
+        stopped = engine.generate(None, prompts, greedy=True, stop=[[stop_id], [40, 41]])
+    finally:
+        engine.close()
+    first = row.index(stop_id) + 1
+    assert int(stopped.lengths[0]) == first and stopped.tokens[0, :first].tolist() == row[:first]
+    other = free.tokens[1].tolist()
+    assert int(stopped.lengths[1]) == (other.index(stop_id) + 1 if stop_id in other else MAX_NEW)

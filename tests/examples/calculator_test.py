@@ -49,3 +49,47 @@ def test_tiny_model_learns_to_use_the_calculator(tmp_path):
     assert last["eval/reward"] >= first["eval/reward"] + 0.1, (first, last)
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["reward_errors"] == {} and summary["ledger"]["in_flight"] == 0
+
+
+def test_warmup_transcript_keeps_the_tools_output_out_of_the_loss():
+    tok = CharTokenizer()
+    task = make_task(TaskConfig(name=NAME, args={"digits": 2}), tok)
+    p = task.prompt(0)  # one prompt in four shows a tool episode
+    total = str(p.metadata["sum"])
+    assert p.answer == (*tok.encode("c"), tok.eos_id, *tok.encode(":" + total), *tok.encode(total), tok.eos_id)
+    # the call and the copied answer are trained on; ":" and the tool's digits are not
+    assert [t for t, keep in zip(p.answer, p.answer_mask) if not keep] == tok.encode(":" + total)
+    assert [t for t, keep in zip(p.answer, p.answer_mask) if keep] == [*tok.encode("c"), tok.eos_id,
+                                                                       *tok.encode(total), tok.eos_id]
+    direct = task.prompt(1)
+    assert direct.answer == (*tok.encode(str(direct.metadata["sum"])), tok.eos_id)
+    assert direct.answer_mask == ()  # a direct answer: all of it
+
+
+def test_supervised_warmup_trains_only_on_the_models_tokens():
+    """The warm-up's batches (launch/train.py) carry the transcripts' masks: the tool's output is
+    in the context, out of the loss."""
+    from actors.prompt_stream import PromptStream
+    from launch.config import load_config
+    from launch.metrics import Progress
+    from launch.train import supervised_warmup
+
+    tok = CharTokenizer()
+    task = make_task(TaskConfig(name=NAME, args={"digits": 2}), tok)
+    cfg = load_config(overrides=["learner.sft.steps=1", "learner.sft.batch_size=4"])
+    seen = []
+
+    class Recording:  # records the batch the warm-up builds, then does nothing
+        def init(self, params):
+            return None
+
+        def update(self, params, opt_state, batch):
+            seen.append(batch)
+            return params, opt_state, {"loss": 0.0}
+
+    supervised_warmup(cfg, None, {}, PromptStream(task), 32, tok.pad_id, Progress(False), sft=Recording())
+    batch, p = seen[0], task.prompt(0)
+    n = len(p.tokens)
+    row_loss = batch.loss_mask[0, n:n + len(p.answer)]
+    assert list(row_loss) == [1.0 if keep else 0.0 for keep in p.answer_mask]
+    assert list(batch.tokens[0, n:n + len(p.answer)]) == list(p.answer)  # the tool's output is in the context

@@ -102,3 +102,20 @@ def test_without_matplotlib_the_report_says_which_extra(tmp_path, monkeypatch, c
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     assert cli.main(["report", run]) == 1
     assert "cadence-rl[plots]" in capsys.readouterr().err
+
+
+def test_report_shows_a_plugin_tasks_own_metrics(tmp_path):
+    """A task without exact match: its held-out reward in the table and a plot, and one plot per
+    eval/<name> and task/<name> it reports."""
+    rows = [{"step": 0, "samples": 0, "wall_time": 1.0, "eval/reward": 0.2, "eval/tool_use": 0.4}]
+    for s in range(1, 21):
+        r = {"step": s, "samples": 8 * s, "wall_time": 1.0 + s, "reward/mean": 0.3, "task/tool_use": s / 20}
+        if s % 10 == 0:
+            r.update({"eval/reward": 0.25 + s / 100, "eval/tool_use": 0.5 + s / 100})
+        rows.append(r)
+    run = make_run(tmp_path / "r", records=rows, hb=beat("finished"), summary={"preempted": False})
+    text = open(report.write_report([run])).read()
+    titles = re.findall(r'<img class="plot" alt="([^"]*)"', text)
+    assert {"held-out reward", "held-out tool_use", "training tool_use"} <= set(titles)
+    assert "held-out exact match" not in titles  # the task has none
+    assert "<th>final held-out reward</th>" in text and "<td>0.450</td>" in text

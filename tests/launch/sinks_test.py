@@ -163,11 +163,35 @@ def test_prometheus_gauges_follow_the_newest_records():
     assert got["cadence_step"] == 2 and got["cadence_samples"] == 256 and got["cadence_reward_mean"] == 0.25
     assert got["cadence_eval_exact_match"] == 0.05  # the last evaluation stays until the next one
     assert got["cadence_learning_rate"] == 1e-3
-    assert got['cadence_dropped{reason="stale"}'] == 2
+    assert got['cadence_dropped_total{reason="stale"}'] == 2  # cumulative: a counter
     assert got['cadence_actor_samples_per_second{actor="3"}'] == 41.5
     assert got["cadence_sft_loss"] == 2.25  # any other number: cadence_<key>
     assert got["cadence_seconds_since_checkpoint"] == pytest.approx(time.time() - 1.0e9, abs=60)
     assert 0 <= got["cadence_seconds_since_last_step"] < 60
+
+
+def test_prometheus_per_batch_gauges_reset_and_counters_keep_the_total():
+    c = RecordCollector()
+    c.update(scalars({"step": 1, "reward/mean": 0.5, "reward/errors/timeout": 3, "task/tool_use": 0.75,
+                      "dropped/stale": 1, "actors/reissued": 2, "eval/reward": 0.4}))
+    c.update(scalars({"step": 2, "reward/mean": 0.5, "reward/errors/timeout": 2, "reward/errors/memory": 1,
+                      "task/tool_use": 0.5, "dropped/stale": 1, "actors/reissued": 2}))
+    text = _prom_text(c)
+    got = _samples(text)
+    assert got['cadence_reward_errors_batch{reason="timeout"}'] == 2
+    assert got['cadence_reward_errors_total{reason="timeout"}'] == 5
+    c.update(scalars({"step": 3, "reward/mean": 0.75, "dropped/stale": 4, "actors/reissued": 2}))  # no errors
+    text = _prom_text(c)
+    got = _samples(text)
+    assert got['cadence_reward_errors_batch{reason="timeout"}'] == 0  # this batch had none
+    assert got['cadence_reward_errors_batch{reason="memory"}'] == 0
+    assert got['cadence_reward_errors_total{reason="timeout"}'] == 5  # the run's total stays
+    assert got['cadence_reward_errors_total{reason="memory"}'] == 1
+    assert got["cadence_task_tool_use"] == 0  # a per-batch mean the batch did not report
+    assert got["cadence_eval_reward"] == 0.4  # an evaluation holds until the next one
+    assert got['cadence_dropped_total{reason="stale"}'] == 4 and got["cadence_actors_reissued_total"] == 2
+    assert "# TYPE cadence_reward_errors_total counter" in text and "# TYPE cadence_dropped_total counter" in text
+    assert "# TYPE cadence_reward_errors_batch gauge" in text
 
 
 def test_prometheus_server_serves_metrics_on_loopback():
@@ -205,6 +229,7 @@ def test_prometheus_port_in_use_disables_only_that_sink(tmp_path):
     ("run.loggers=[tensorboard, tensorboard]", "run.loggers"),
     ("run.prometheus_port=70000", "run.prometheus_port"),
     ("run.heartbeat_seconds=0", "run.heartbeat_seconds"),
+    ("run.stall_factor=1", "run.stall_factor"),
 ])
 def test_bad_observability_config_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from launch import cli, status
+from launch.config import RunConfig
+from launch.sinks import open_sinks
 
 
 def make_run(path, steps=100, target=0.0, records=(), hb=None, summary=None, ckpt_steps=()):
@@ -117,3 +119,67 @@ def test_watch_returns_when_the_run_stops(tmp_path, capsys):
     run = make_run(tmp_path / "run", records=records(3), hb=beat("preempted"), summary={"preempted": True})
     assert cli.main(["status", run, "--watch", "--interval", "0.1"]) == status.EXIT_CODES["preempted"]
     assert "preempted" in capsys.readouterr().out
+
+
+def test_a_live_run_whose_records_stop_is_stalled(tmp_path, capsys):
+    """Real sinks and heartbeat: the heartbeat thread keeps beating, but no record lands for
+    run.stall_factor times the slowest recent update, so the run reads stalled (exit 7)."""
+    run = make_run(tmp_path / "run")
+    with open(os.path.join(run, "config.yaml"), "w") as f:
+        yaml.safe_dump({"run": {"steps": 100, "stall_factor": 1.5}}, f)
+    sinks = open_sinks(RunConfig(heartbeat_seconds=0.1), run, {})
+    try:
+        for s in range(4):  # updates that took 1 s each by the run's clock
+            sinks.write({"step": s, "samples": 8 * s, "wall_time": 10.0 + s, "reward/mean": 0.5})
+        sinks.heartbeat._write()
+        st = status.run_status(run)
+        assert st["state"] == "running", st["why"]
+        # training is stuck from here on; the heartbeat thread goes on writing
+        deadline = time.time() + 20
+        while st["state"] == "running" and time.time() < deadline:
+            time.sleep(0.2)
+            st = status.run_status(run)
+        assert st["state"] == "stalled" and "run.stall_factor=1.5" in st["why"], st
+        assert status.heartbeat.read(run)["time"] > time.time() - 5  # the heartbeat itself is fresh
+        assert cli.main(["status", run]) == status.EXIT_CODES["stalled"] == 7
+        assert "stalled" in capsys.readouterr().out
+        sinks.write({"step": 4, "samples": 32, "wall_time": 14.0, "reward/mean": 0.5})  # it recovers
+        sinks.heartbeat._write()
+        assert status.run_status(run)["state"] == "running"
+    finally:
+        sinks.close()
+        sinks.finish({})
+
+
+def test_a_starting_run_is_not_stalled(tmp_path):
+    """Before this process has written two records (compiling, the warm-up) nothing is judged, and a
+    run without a stall_factor in its config uses the default."""
+    hb = dict(beat(), last_record_at=time.time() - 3600, records=1)
+    run = make_run(tmp_path / "run", records=records(30), hb=hb)
+    assert status.run_status(run)["state"] == "running"
+    hb["records"] = 30  # now it has: 0.5 s updates, silent for an hour
+    run = make_run(tmp_path / "run", records=records(30), hb=hb)
+    assert status.run_status(run)["state"] == "stalled"
+    # after its last update the run evaluates and exports (a large model's export takes minutes)
+    run = make_run(tmp_path / "run", steps=30, records=records(30), hb=hb)
+    assert status.run_status(run)["state"] == "running"
+
+
+def test_status_shows_a_plugin_tasks_own_metrics(tmp_path, capsys):
+    """A task without exact match: held-out reward, its eval/<name> and task/<name> metrics."""
+    rows = [{"step": 0, "samples": 0, "wall_time": 1.0, "eval/reward": 0.2, "eval/tool_use": 0.4}]
+    for s in range(1, 31):
+        r = {"step": s, "samples": 8 * s, "wall_time": 1.0 + s, "reward/mean": 0.3, "task/tool_use": s / 30}
+        if s % 15 == 0:
+            r.update({"eval/reward": 0.2 + s / 100, "eval/tool_use": 0.5 + s / 100, "eval/reward_errors": 1})
+        rows.append(r)
+    run = make_run(tmp_path / "run", records=rows, hb=beat())
+    st = status.run_status(run)
+    assert st["exact_match"] is None
+    assert (st["heldout_reward"], st["heldout_reward_step"]) == (pytest.approx(0.5), 30)
+    assert st["heldout_reward_trend"] == pytest.approx(0.15)
+    assert st["eval_metrics"] == {"tool_use": pytest.approx(0.8), "reward_errors": 1}
+    assert st["task_metrics"]["tool_use"] == pytest.approx(np.mean([s / 30 for s in range(11, 31)]))
+    assert cli.main(["status", run]) == 0
+    out = capsys.readouterr().out
+    assert "held-out reward" in out and "tool_use 0.800" in out and "task metrics" in out

@@ -69,3 +69,27 @@ def test_loss_drops_on_a_memorisation_problem():
     assert history[0]["tokens"] == 8
     assert history[-1]["loss"] < 0.25 * history[0]["loss"]
     assert history[-1]["token_accuracy"] == 1.0 and history[0]["token_accuracy"] < 1.0
+
+
+def test_environment_tokens_in_a_transcript_are_out_of_the_loss():
+    # Hand-made transcript: call [7 2], tool output [11 12] (mask False), answer [9 2] -> the loss is
+    # the NLL of 7, 2, 9, 2 only, with 11 and 12 in the context.
+    prompt, answer, keep = [1, 4], [7, 2, 11, 12, 9, 2], [True, True, False, False, True, True]
+    batch = build_sft_batch([prompt], [answer], seq_len=10, pad_id=PAD, answer_masks=[keep])
+    np.testing.assert_array_equal(batch.tokens[0], [1, 4, 7, 2, 11, 12, 9, 2, 0, 0])
+    np.testing.assert_array_equal(batch.mask[0], [1, 1, 1, 1, 1, 1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(batch.loss_mask[0], [0, 0, 1, 1, 0, 0, 1, 1, 0, 0])
+    # an empty mask trains on the whole answer; a mask of the wrong length is refused
+    plain = build_sft_batch([prompt, prompt], [answer, [9, 2]], 10, PAD, answer_masks=[keep, ()])
+    np.testing.assert_array_equal(plain.loss_mask[1], [0, 0, 1, 1, 0, 0, 0, 0, 0, 0])
+    with pytest.raises(ValueError, match="answer mask of 2 for 6"):
+        build_sft_batch([prompt], [answer], 10, PAD, answer_masks=[[True, False]])
+    # the step's loss is the mean NLL over the kept tokens only (vs NumPy)
+    params = init_params()
+    step = SFTStep(logits_fn, SFTConfig(lr=1e-2))
+    batch = build_sft_batch([prompt], [answer[:4]], seq_len=T, pad_id=PAD, answer_masks=[keep[:4]])
+    loss, metrics = step.loss_fn(params, batch)
+    logits = np.asarray(logits_fn(params, batch.tokens, batch.positions, batch.mask))[0]
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    want = -np.mean([logp[t - 1, batch.tokens[0, t]] for t in (2, 3)])  # 7 and 2; 11 and 12 are not
+    assert float(metrics["tokens"]) == 2 and float(loss) == pytest.approx(want, rel=1e-5)
