@@ -308,6 +308,10 @@ def main(argv=None) -> int:
         args.overrides = list(args.overrides) + overrides
     elif overrides:
         parser.error(f"unrecognized arguments: {' '.join(overrides)}")
+    if args.command in ("train", "experiment", "actor", "eval"):
+        from launch.host_memory import fix_mmap_threshold
+
+        fix_mmap_threshold()  # before JAX allocates: freed activation buffers go back to the OS
     if args.command == "train":
         return cmd_train(args)
     if args.command == "experiment":
