@@ -1,0 +1,103 @@
+"""Host memory of GRPO updates at a real model's shape on the CPU: each update's peak resident
+size and the size after it, against the learner state's own bytes (params, Adam moments and the
+gradient accumulator), measured in the same run. One JSON line.
+
+    python benchmarks/learner_memory_bench.py --preset smollm2 --microbatch-tokens 512 --updates 2
+    MALLOC_MMAP_THRESHOLD_=33554432 python benchmarks/learner_memory_bench.py ...  # glibc as before
+
+Linux only (reads /proc/self/status; resets VmHWM through /proc/self/clear_refs before each update).
+docs/results/smollm2_memory.md has the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from learner_scale_bench import PRESETS, make_groups  # noqa: E402
+
+SHAPES = {**PRESETS, "smollm2": dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                                     d_ff=1536)}
+
+
+def resident_mb() -> tuple[int, int]:
+    """(VmRSS, VmHWM) of this process in MB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS", "VmHWM")):
+                out[line.split(":")[0]] = int(line.split()[1]) // 1024
+    return out["VmRSS"], out["VmHWM"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=sorted(SHAPES), default="smollm2")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--microbatch-tokens", type=int, default=512, help="0: padded rows of --microbatch")
+    p.add_argument("--microbatch", type=int, default=4)
+    p.add_argument("--remat", choices=["none", "block", "full"], default="none")
+    p.add_argument("--updates", type=int, default=2)
+    args = p.parse_args()
+
+    from launch.host_memory import fix_mmap_threshold
+    from learner import packing
+    from learner.batching import build_microbatches
+    from learner.config import LearnerConfig
+    from learner.models import llama
+    from learner.models.config import ModelConfig
+    from learner.steps.grpo_step import GRPOTrainStep
+    from learner.steps.scoring import llama_logits
+
+    mmap_fixed = fix_mmap_threshold()  # what `cadence train` does at start
+    rss0, _ = resident_mb()
+    mcfg = ModelConfig(**SHAPES[args.preset], max_seq_len=args.seq_len)
+    cfg = LearnerConfig(batch_size=args.batch, microbatch_size=args.microbatch, group_size=args.group,
+                        remat=args.remat, microbatch_tokens=args.microbatch_tokens)
+    cfg.validate()
+    graphdef, params = llama.init_params(mcfg, 0, None)
+    step = GRPOTrainStep(llama_logits(graphdef, args.remat), cfg)
+    state = step.init(params)
+    del params
+    param_bytes = sum(x.nbytes for x in jax.tree.leaves(state.params))
+    rss_init, _ = resident_mb()
+    groups = make_groups(args.batch, args.group, args.seq_len, mcfg.vocab_size, lengths="mix")
+    if args.microbatch_tokens:
+        rows = packing.rows_per_microbatch(args.microbatch_tokens, args.seq_len)
+        mbs, stats = packing.pack_microbatches(groups, args.seq_len, rows, 0, cfg.grpo)
+    else:
+        mbs, stats = build_microbatches(groups, args.seq_len, args.microbatch, 0, cfg.grpo)
+    peaks, after, seconds = [], [], []
+    for _ in range(args.updates):
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM: each update's own peak
+        t0 = time.perf_counter()
+        state, _ = step.update(state, mbs, stats["num_tokens"])
+        jax.block_until_ready(state.params)
+        seconds.append(round(time.perf_counter() - t0, 1))
+        rss, hwm = resident_mb()
+        peaks.append(hwm)
+        after.append(rss)
+    print(json.dumps({
+        "bench": "learner_memory", "preset": args.preset, "microbatch_tokens": args.microbatch_tokens,
+        "microbatch": args.microbatch, "remat": args.remat, "microbatches": len(mbs),
+        "real_tokens": int(sum(int((np.asarray(mb.mask) > 0).sum()) for mb in mbs)),
+        "mmap_threshold_fixed": mmap_fixed, "env_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+        # the baseline: what the learner state itself is (params + 2 moments + gradients)
+        "state_mb": round(4 * param_bytes / 2**20), "rss_start_mb": rss0, "rss_after_init_mb": rss_init,
+        "peak_mb": peaks, "rss_after_update_mb": after, "update_seconds": seconds,
+    }))
+
+
+if __name__ == "__main__":
+    main()
