@@ -11,6 +11,7 @@ gives that completion reward 0 and a reason in Score.error; it never stops the r
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Protocol
@@ -38,6 +39,19 @@ class Scorer(Protocol):
 
 def failed(reason: str) -> Score:
     return Score(0.0, None, {}, reason)
+
+
+def failures_as_misses(scores: Sequence[Score], has_reference: bool = False) -> list[Score]:
+    """The scores with each failed one (its error set) counted as not matching, when the task has
+    reference answers (has_reference, or another score carries an exact_match): a failure must
+    not make exact match unknown for the whole set. A task without answers keeps None."""
+    scores = list(scores)
+    if not any(s.error for s in scores):
+        return scores
+    if not (has_reference or any(s.exact_match is not None for s in scores if not s.error)):
+        return scores
+    return [dataclasses.replace(s, exact_match=False) if s.error and s.exact_match is None else s
+            for s in scores]
 
 
 def safe_score(task, prompt: Prompt, completion: Completion) -> Score:
@@ -89,7 +103,10 @@ def score_groups(scorer: Scorer, task, prompts: Sequence[Prompt],
         raise ValueError(f"score_groups: {len(prompts)} prompts but {len(completions)} groups")
     groups = [[(p, make_completion(task.tokenizer, ids)) for ids in rows]
               for p, rows in zip(prompts, completions)]
-    return scorer.score_groups(groups)
+    scores = scorer.score_groups(groups)
+    has_reference = any(p.answer for p in prompts) or any(
+        s.exact_match is not None for g in scores for s in g if not s.error)
+    return [failures_as_misses(g, has_reference) for g in scores]
 
 
 def score_rollouts(scorer: Scorer, task, prompts: Sequence[Prompt], rollouts) -> list[list[Score]]:
