@@ -29,6 +29,7 @@ PROGRESS_EVERY_S = 0.5
 ERROR = "error"  # the reward raised
 INVALID = "invalid"  # it returned something other than a finite number or a Score
 TIMEOUT = "timeout"  # it ran past task.reward_timeout_s (its worker was replaced)
+GROUP_TIMEOUT = "group_timeout"  # its group had run task.reward_group_timeout_s before it was scored
 CRASHED = "crashed"  # its worker process died (os._exit, a signal, the kernel's OOM killer)
 MEMORY = "memory"  # it hit the worker's memory limit (MemoryError)
 ENV_ERROR = "env_error"  # a multi-turn environment raised (the episode ends there)
