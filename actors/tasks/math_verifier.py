@@ -6,9 +6,9 @@
 "0.5", "1/2", "\\frac{1}{2}" and "\\boxed{\\frac12}" are the same answer; GSM8K's "#### 72" and
 MATH's \\boxed{} both work. Which part of a completion is its final answer, in order: the last
 "#### X" (GSM8K's mark), the last \\boxed{} (or \\fbox{}), the first number or math span within 50
-characters after the last "answer", else the last number or math span ($...$, \\(...\\), \\[...\\],
-or a run of digits and operators) in the text. Each of these scans is linear in the text, and only
-the last MAX_COMPLETION_CHARS characters are read.
+characters after the last "answer", else the last number or math span in the text ($...$,
+\\(...\\), \\[...\\], a run of digits and operators, or a bare \\frac{}{} or \\sqrt{}). Each of
+these scans is linear in the text, and only the last MAX_COMPLETION_CHARS characters are read.
 
 What model text can do here: nothing runs. The answer is parsed by an allow-list (math_expr.py:
 numbers, arithmetic, fractions, roots, powers, a few functions) and every intermediate's size is
@@ -35,6 +35,8 @@ ANCHOR_WINDOW = 50  # "the answer is X": X must start this close to "answer"
 # character class, so finditer is linear.
 _PLAIN_SPAN = re.compile(r"(?<![\w.])-?\(?\d[\d.,+\-*/^()×÷= ]*")
 _TRIM = " .,=+-*/^×÷"
+# A fraction or root written in LaTeX outside math delimiters ("it gives \frac{1}{2}.").
+_BARE_LATEX = re.compile(r"-?\\(?:[dt]?frac|sqrt)\{[^{}\s]{1,40}\}(?:\{[^{}\s]{1,40}\})?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +140,7 @@ def _plain_spans(text: str) -> list[tuple[int, int, str]]:
             start, span = start + 1, span[1:]
         if any(ch.isdigit() for ch in span):
             out.append((start, start + len(span), span))
+    out += [(m.start(), m.end(), m.group()) for m in _BARE_LATEX.finditer(text)]
     return out
 
 
