@@ -80,6 +80,19 @@ def test_a_group_past_its_budget_scores_the_rest_zero_and_the_next_group_still_c
     assert seen[-1] == (9, 9) and len(seen) >= 2  # the caller heard progress while it ran
 
 
+def test_a_completion_running_past_its_groups_budget_is_stopped(tmp_path):
+    """One completion longer than the group's whole budget: its worker is replaced (the parent
+    steps in), and the group's other completions are not sent again."""
+    pool = _slow_pool(tmp_path, 30.0, timeout_s=60.0, group_timeout_s=0.5)
+    p = Prompt("slow/train/0", 0, (1,))
+    try:
+        scores = pool.score_groups([[(p, Completion((4,), "s"))] * 4])[0]
+        assert [s.error for s in scores] == ["group_timeout"] * 4
+        assert pool.respawns == 1
+    finally:
+        pool.close()
+
+
 class ScriptedEngine:
     def generate(self, params, prompts, key, greedy=False):
         n = len(prompts)
@@ -94,14 +107,14 @@ def test_a_slow_scorer_that_makes_progress_is_not_taken_for_a_hung_actor(tmp_pat
     stream, ledger, gate = PromptStream(task), SampleLedger(), AdmissionGate(64, 8)
     delivered, hung = InProcessTransport(), []
     settings = DispatchSettings(group_size=G, heartbeat_seconds=0.1, heartbeat_timeout_seconds=10.0,
-                                liveness_timeout_seconds=liveness_s)
+                                liveness_timeout_seconds=liveness_s, concurrency=per_call)
     core = Dispatcher(stream, ledger, gate, settings, deliver=delivered.put, version_fn=lambda: 0,
                       on_hung=lambda *a: hung.append(a))
     ctx = zmq.Context()
     server = DispatchServer(core, ctx=ctx).start()
     gate.on_change = server.wake
-    # 8 completions at 0.6 s on one worker: ~5 s of scoring, well past the 2 s liveness limit.
-    pool = _slow_pool(tmp_path, 0.6, timeout_s=30.0, group_timeout_s=60.0)
+    # 8 completions at 0.4 s on one worker: ~3 s of scoring per call, past the 2 s liveness limit.
+    pool = _slow_pool(tmp_path, 0.4, timeout_s=30.0, group_timeout_s=60.0)
     pool.wait_ready()
     client = DispatcherClient(server.inproc, "slow-actor", per_call, ctx=ctx, heartbeat_seconds=0.1,
                               learner_timeout_seconds=10.0).start()
