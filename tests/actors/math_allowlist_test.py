@@ -111,7 +111,7 @@ def test_references_outside_the_allow_list_compare_as_text():
 
 def test_random_allowed_expressions_all_return_quickly():
     """Fuzz: random trees over the allow-list (huge literals, towers, factorials, roots, functions);
-    every comparison returns a verdict, none raises, none takes long (the child has 60 s for all)."""
+    every comparison returns a verdict, none raises, none takes long (the child has 60 s for 2000)."""
     rng = random.Random(0)
     atoms = ["1", "2", "9", "10", "999", "0", "0.5", "x", "\\pi", "12345678901234567890"]
 
@@ -122,7 +122,7 @@ def test_random_allowed_expressions_all_return_quickly():
         return rng.choice([f"({a})+({b})", f"({a})*({b})", f"\\frac{{{a}}}{{{b}}}", f"({a})^{{{b}}}",
                            f"\\sqrt{{{a}}}", f"({a})!", f"\\binom{{{a}}}{{{b}}}", f"\\sin({a})", f"\\sqrt[3]{{{a}}}"])
 
-    cases = [f"\\boxed{{{expr(5)}}}" for _ in range(300)]
+    cases = [f"\\boxed{{{expr(6)}}}" for _ in range(2000)]
     code = ("import json, sys; from actors.tasks import math_verifier as m; "
             "cases = json.load(sys.stdin); "
             "print(json.dumps([m.check('1', c).refused for c in cases]))")
@@ -131,7 +131,7 @@ def test_random_allowed_expressions_all_return_quickly():
         out = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases), capture_output=True,
                              text=True, timeout=60, env=env)
     except subprocess.TimeoutExpired:
-        pytest.fail("300 random allow-listed answers took over 60 s")
+        pytest.fail("2000 random allow-listed answers took over 60 s")
     assert out.returncode == 0, out.stderr[-2000:]
     refused = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(refused) <= {"", "too_large", "syntax"} and "too_large" in refused and "" in refused
