@@ -16,6 +16,7 @@ Expressions with variables are compared at a few fixed points (positive, so root
 from __future__ import annotations
 
 import math
+import threading
 import zlib
 from fractions import Fraction
 
@@ -28,10 +29,27 @@ MAX_MAGNITUDE_BITS = 16384  # |log2| of an approximate intermediate
 MAX_ROOT_INDEX = 64
 MAX_TRIG_ARGUMENT = 10**6  # sin of a huge number costs precision proportional to its size
 DPS = 40  # decimal digits of approximate evaluation
-# A context of our own: mpmath's global one is shared by every thread (and its precision with it).
-mp = mpmath.MPContext()
-mp.dps = DPS
-RELATIVE_TOLERANCE = mp.mpf(10) ** -25
+
+
+class _PerThread(threading.local):
+    """mpmath contexts of our own, one per thread: mpmath's global one, and its precision (which
+    its functions raise and restore while they work), would be shared by every actor thread."""
+
+    def __init__(self):
+        self.context = mpmath.MPContext()
+        self.context.dps = DPS
+
+
+_LOCAL = _PerThread()
+
+
+class _Context:
+    def __getattr__(self, name):
+        return getattr(_LOCAL.context, name)
+
+
+mp = _Context()
+RELATIVE_TOLERANCE = mpmath.mpf(10) ** -25
 DECIMAL_TOLERANCE = Fraction(1, 2_000_000)  # a written decimal counts to 6 places
 POINTS = 3  # evaluations of an expression with variables
 

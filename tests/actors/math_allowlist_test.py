@@ -165,3 +165,22 @@ def test_inline_scoring_is_bounded_and_counts_refusals(tmp_path):
         pytest.fail("inline scoring of the reproducers did not return within 60 s")
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [[0.0, 1.0, ""]] * 3
+
+
+def test_threads_verifying_at_once_keep_their_precision():
+    """Actor threads score inline at once: each gets its own mpmath context (the global one's
+    precision is shared and moved by mpmath's own functions)."""
+    import threading
+    pairs = [("\\sqrt{2}", "\\frac{\\sqrt{50}}{5}"), ("\\frac{\\pi}{4}", "\\frac{2\\pi}{8}"),
+             ("\\frac{\\sqrt{3}}{2}", "\\cos(\\pi/6)"), ("2", "\\log 100"), ("\\sqrt[3]{2}", "2^{1/3}")]
+    results = []
+
+    def work():
+        results.append(all(math_verifier.is_equivalent(a, f"\\boxed{{{b}}}") for _ in range(100) for a, b in pairs))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == [True] * 8
