@@ -55,4 +55,5 @@ def worker_source(task_cfg, task, tokenizer=None):
     return task_factory(task_cfg, tokenizer)
 
 
-__all__ = ["InlineScorer", "Scorer", "ScoringOnly", "make_scorer", "worker_source", "safe_score", "score_groups", "score_rollouts"]
+__all__ = ["InlineScorer", "Scorer", "ScoringOnly", "make_scorer", "safe_score", "score_groups", "score_rollouts",
+           "worker_source"]

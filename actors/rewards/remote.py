@@ -11,11 +11,11 @@ One POST per group, JSON both ways:
 
 The request is JSON as msgspec writes it: NumPy scalars and arrays in Prompt.metadata become
 numbers and lists; a group whose metadata holds anything else JSON cannot carry scores 0 with the
-reason remote_encode (no request is sent). At most ``concurrency`` requests are in flight. A request that times out, cannot connect, gets an
-HTTP error status or a body that is not that shape is sent again (``retries`` times, backing off);
-after that each completion of the group scores 0 with the reason (remote_timeout,
-remote_unavailable, remote_http, remote_malformed). The server's answer is parsed as JSON and
-checked field by field, never evaluated.
+reason remote_encode (no request is sent). At most ``concurrency`` requests are in flight. A
+request that times out, cannot connect, gets an HTTP error status or a body that is not that shape
+is sent again (``retries`` times, backing off); after that each completion of the group scores 0
+with the reason (remote_timeout, remote_unavailable, remote_http, remote_malformed). The server's
+answer is parsed as JSON and checked field by field, never evaluated.
 """
 from __future__ import annotations
 

@@ -4,15 +4,15 @@ Started with multiprocessing's spawn context, so it is a fresh interpreter: it n
 JAX runtime or the actor's threads. It limits its own address space (RLIMIT_AS), builds its copy
 of the task from a picklable factory, says it is ready, then scores batches until told to stop.
 
-Wire: the parent sends pickled batches ({"items": [(prompt, completion)], "groups": [group of
-each item], "budgets": {group: seconds left}}; parent -> child only: the child trusts its parent); the
+Wire: the parent sends pickled batches ({"items": [(prompt, completion)], "groups": [group of each
+item], "budgets": {group: seconds left}}; parent -> child only: the child trusts its parent); the
 child answers with JSON lists of results: whatever it scored, once FLUSH_S has passed since its
 last answer and at the end of the batch (few messages per batch, and a slow or fatal completion
-does not take the results before it along). Before each completion it writes the completion's
-index to a shared-memory counter, so the parent knows which one was running when a deadline
-passed or the process died. A completion whose group has used up its budget (counted from the
-group's first completion here) is not scored: it answers group_timeout at once. The parent never unpickles anything from a worker, whose reward code
-may have run on hostile model output.
+does not take the results before it along). Before each completion it writes the completion's index
+to a shared-memory counter, so the parent knows which one was running when a deadline passed or the
+process died. A completion whose group has used up its budget (counted from the group's first
+completion here) is not scored: it answers group_timeout at once. The parent never unpickles
+anything from a worker, whose reward code may have run on hostile model output.
 """
 from __future__ import annotations
 
