@@ -160,6 +160,7 @@ def cmd_eval(args) -> int:
     except ConfigError as e:
         return _fail(f"config error in {cfg_path}: {e}", EXIT_CONFIG)
     from actors.engine import JaxEngine
+    from actors.rewards import make_scorer
     from actors.tasks.registry import make_task
     from launch import artifacts
     from launch.policy import build_policy
@@ -173,8 +174,12 @@ def cmd_eval(args) -> int:
     tok = policy.tokenizer
     engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, tok.eos_id, tok.pad_id)
     task = make_task(cfg.task, tok)
-    result = {"run_dir": os.path.abspath(args.run_dir), "task": task.name,
-              "heldout_size": len(task.heldout()), **evaluate(engine, task, params)}
+    scorer = make_scorer(cfg.task, task, tok)  # the run's rewards, with its time and memory limits
+    try:
+        result = {"run_dir": os.path.abspath(args.run_dir), "task": task.name,
+                  "heldout_size": len(task.heldout()), **evaluate(engine, task, params, scorer=scorer)}
+    finally:
+        scorer.close()
     print(json.dumps(result))
     return 0
 

@@ -92,9 +92,15 @@ class Task(Protocol):
     def score(self, prompt: Prompt, completion: Completion) -> float | Score:
         """Reward of one completion (runs in a reward worker process unless task.reward_workers=0).
 
-        Must be a plain function of its arguments: workers build their own copy of the task.
+        Must be a plain function of its arguments: workers build their own copy of the task,
+        unless the task has ``scoring()`` (below).
         """
         ...
+
+    # Optional: ``scoring(self) -> Callable[[Prompt, Completion], float | Score] | None``: a
+    # picklable function that scores like ``score`` from the prompt alone (its record is in
+    # Prompt.metadata). Reward workers then run it and never build the task, so a large dataset
+    # is read once, by the actor, not once per worker (the built-ins and RecordsTask have it).
 
 
 @dataclasses.dataclass(frozen=True)
