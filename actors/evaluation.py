@@ -21,10 +21,11 @@ from actors.tasks.base import Prompt
 
 
 def evaluate_heldout(engine, task, params, prompts: Sequence[Prompt] | None = None,
-                     scorer: Scorer | None = None) -> dict:
-    """Greedy decoding (multi-turn tasks: greedy episodes) of the held-out set, then scoring."""
+                     scorer: Scorer | None = None, envs=None) -> dict:
+    """Greedy decoding (multi-turn tasks: greedy episodes) of the held-out set, then scoring.
+    envs: the EnvRunner of multi-turn tasks (task.env_threads, task.env_timeout_s)."""
     prompts = list(task.heldout() if prompts is None else prompts)
-    out = generate_rollouts(engine, params, task, prompts, jax.random.key(0), greedy=True)
+    out = generate_rollouts(engine, params, task, prompts, jax.random.key(0), greedy=True, envs=envs)
     scores = [s for group in score_rollouts(scorer or InlineScorer(task), task, prompts, out) for s in group]
     scores = failures_as_misses(scores, has_reference=any(p.answer for p in prompts))
     metrics = {"eval/reward": float(np.mean([s.reward for s in scores]))}
