@@ -82,9 +82,10 @@ def test_the_default_listener_is_an_ipc_socket_in_the_run_directory():
 
 
 def test_private_dir_is_0700_whatever_the_umask_and_refuses_a_link(tmp_path):
+    os.makedirs(tmp_path / "run")
     old = os.umask(0)
     try:
-        path = private_dir(str(tmp_path / "run"), "x") if os.makedirs(tmp_path / "run") is None else None
+        path = private_dir(str(tmp_path / "run"), "x")
     finally:
         os.umask(old)
     assert path == str(tmp_path / "run" / "sockets")
