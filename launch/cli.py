@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the base training config")
     a = sub.add_parser("actor", help="join a running learner as an actor process (this host or another)")
     a.add_argument("--connect", required=True, metavar="ENDPOINT",
-                   help="the learner's dispatcher, e.g. tcp://10.0.0.5:5555 (RUN_DIR/endpoint.json has it); "
+                   help="the learner's dispatcher (RUN_DIR/endpoint.json has it): by default "
+                   "ipc://RUN_DIR/sockets/dispatch (this host, this user), or e.g. tcp://10.0.0.5:5555; "
                    "'-': read it (and optionally the run's config first) as JSON lines on stdin")
     a.add_argument("--keys", default="", metavar="DIR", help="CurveZMQ keys (server.key, client.key, "
                    "client.key_secret) when the learner listens with actors.keys_dir")
