@@ -144,8 +144,9 @@ def as_score(value: Any) -> Score:
     return Score(float(value))
 
 
-def completion_text(tokenizer: Any, ids: Sequence[int]) -> str:
-    """The ids up to (not including) the first EOS, decoded without special tokens."""
+def completion_text(tokenizer: Any, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """The ids up to (not including) the first EOS, decoded without special tokens (with them:
+    what stop strings are matched against, since a stop string may be one)."""
     eos = tokenizer.eos_id
     kept = []
     for t in ids:
@@ -153,6 +154,6 @@ def completion_text(tokenizer: Any, ids: Sequence[int]) -> str:
             break
         kept.append(int(t))
     try:
-        return tokenizer.decode(kept, skip_special_tokens=True)
+        return tokenizer.decode(kept, skip_special_tokens=skip_special_tokens)
     except TypeError:  # CharTokenizer renders specials visibly and takes no such flag
         return tokenizer.decode(kept)
