@@ -63,7 +63,7 @@ class Pipeline:
         self._failures: list[str] = []  # fatal: a thread actor failed or hung (threads cannot be restarted)
         self._thread_ids: set[str] = set()
         self.supervisor = supervisor  # actors.processes, started with the run (start_actor_processes)
-        self._socket_dir = ""  # a short ipc directory outside the run directory, removed at stop
+        self._socket_dir = ""  # the ipc sockets' directory (RUN_DIR/sockets, or a short one elsewhere)
         listen, weights_listen = self._endpoints(a.listen)
         if listen.startswith("tcp://") and self.keys is None:  # loopback (config validation refused the rest)
             progress.message(f"actors.listen={a.listen} without actors.keys_dir: any user on this host can "
@@ -119,10 +119,10 @@ class Pipeline:
         if not listen:
             return "", ""
         if listen == "ipc://":
-            directory = private_dir(self.run_dir)
-            if os.path.dirname(directory) != os.path.abspath(self.run_dir):
-                self._socket_dir = directory  # the run directory's path is too long for a socket
-            return f"ipc://{directory}/dispatch", f"ipc://{directory}/dispatch.weights"
+            # removed at stop, also inside the run directory: a socket file left there breaks
+            # copying the run (shutil.copytree: "No such device or address"); a resume binds again
+            self._socket_dir = private_dir(self.run_dir)
+            return f"ipc://{self._socket_dir}/dispatch", f"ipc://{self._socket_dir}/dispatch.weights"
         host = listen.rsplit(":", 1)[0]
         weights = f"{host}:0" if listen.startswith("tcp://") else listen + ".weights"
         saved = os.path.join(self.run_dir, ENDPOINT_FILE)
