@@ -84,6 +84,11 @@ class Actor:
         if self.client is not None:
             self.client.phase(name)
 
+    def _scoring_progress(self, done: int, total: int) -> None:
+        # A new phase name per step of progress: the dispatcher's liveness clock restarts, so
+        # slow rewards that keep moving are never taken for a hung actor.
+        self._phase(f"scoring {done}/{total}")
+
     def prompts_for(self, grant: Grant) -> list[Prompt]:
         prompts = [self.task.prompt(i) for i in grant.prompt_indices]
         for p, want in zip(prompts, grant.prompt_ids):
@@ -114,7 +119,7 @@ class Actor:
         seconds = finished_at - started_at
         # ---- scoring: one call per engine result (actors/rewards/); episodes bring their own ----
         self._phase("scoring")
-        scores = score_rollouts(self.scorer, self.task, prompts, out)
+        scores = score_rollouts(self.scorer, self.task, prompts, out, progress=self._scoring_progress)
         groups = build_groups(self.task.name, self.actor_id, prompts, out, scores, version,
                               EngineTimings(queued_at=queued_at, started_at=started_at, finished_at=finished_at,
                                             generate_seconds=seconds, num_tokens=out.generated_tokens,

@@ -95,13 +95,17 @@ class ActorsConfig:
     max_staleness: int = 1  # policy versions a sample may lag the step that trains on it; 0 = synchronous
     queue_size: int = 0  # bound on groups waiting for the learner (0 = no bound; admission bounds it anyway)
     seed: int = 0  # sampling RNG seed, shared by all actors (keys are folded with the prompt index)
-    listen: str = "tcp://127.0.0.1:0"  # where actor processes connect (`cadence actor --connect`); port 0 = a free one, kept across resumes (RUN_DIR/endpoint.json)
+    # where actor processes connect (`cadence actor --connect`, RUN_DIR/endpoint.json): "ipc://" = a socket in
+    # RUN_DIR/sockets (0700) that only this user's processes on this host can reach; tcp://HOST:PORT for other
+    # hosts (beyond loopback only with keys_dir; port 0 = a free one, kept across resumes); "" = none
+    listen: str = "ipc://"
     keys_dir: str = ""  # CurveZMQ keys (`cadence keys DIR`): peers must authenticate; required to listen beyond loopback
     heartbeat_seconds: float = 1.0  # actors and learner tell each other they are alive this often
     heartbeat_timeout_seconds: float = 10.0  # an actor silent this long is gone: its prompts are re-issued
     liveness_timeout_seconds: float = 600.0  # an actor stuck this long in one phase (generating, scoring) with prompts in flight is hung
     restart_backoff_seconds: float = 1.0  # first delay before restarting a dead actor process; doubles while they keep dying
     max_message_mb: float = 64.0  # largest message accepted from an actor
+    max_abs_reward: float = 1e6  # a group with a larger |reward| is refused as bad (actors/bad_groups/reward_range)
     sglang: SGLangConfig = dataclasses.field(default_factory=SGLangConfig)  # used when engine=sglang
 
     def validate(self) -> None:
@@ -129,7 +133,7 @@ class ActorsConfig:
                 raise ValueError(f"sglang.port: with processes={self.processes} each process launches servers "
                                  f"from port {self.sglang.port} and they collide; set 0 (free ports)")
         for name in ("heartbeat_seconds", "heartbeat_timeout_seconds", "liveness_timeout_seconds",
-                     "max_message_mb"):
+                     "max_message_mb", "max_abs_reward"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout_seconds < 2 * self.heartbeat_seconds:

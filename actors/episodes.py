@@ -46,7 +46,7 @@ import numpy as np
 
 from actors.env_runner import EnvRunner, Outcome
 from actors.rewards.scoring import ENV_ERROR, make_completion
-from actors.tasks.base import Prompt, Score, Step, is_multi_turn
+from actors.tasks.base import Prompt, Score, Step, completion_text, is_multi_turn
 from protocols.messages import EngineTimings, RolloutGroup
 
 ENV_TIMEOUT = "env_timeout"  # an environment call ran past task.env_timeout_s (the episode ends there)
@@ -79,16 +79,7 @@ def _engine_stop(task, texts: tuple[str, ...]) -> dict:
 
 def _text(tokenizer, ids) -> str:
     """The ids up to the first EOS, special tokens shown (a stop string may be one)."""
-    eos = tokenizer.eos_id
-    kept = []
-    for t in ids:
-        if int(t) == eos:
-            break
-        kept.append(int(t))
-    try:
-        return tokenizer.decode(kept, skip_special_tokens=False)
-    except TypeError:  # CharTokenizer takes no such flag (it shows specials anyway)
-        return tokenizer.decode(kept)
+    return completion_text(tokenizer, ids, skip_special_tokens=False)
 
 
 def stop_length(tokenizer, ids, texts: tuple[str, ...]) -> int:

@@ -3,8 +3,10 @@
     metrics = evaluate_heldout(engine, task, params, scorer=scorer)
 
 Reports the task's own numbers: eval/reward (mean), eval/exact_match when the task has reference
-answers (every Score carries exact_match), eval/<name> for each metric the task's scores (or its
-environment's steps) report, and eval/reward_errors when some rewards failed.
+answers (every Score carries exact_match; a completion whose scoring failed counts as not
+matching, so one failure never erases the metric run.stop_at_exact_match reads), eval/<name> for
+each metric the task's scores (or its environment's steps) report, and eval/reward_errors (how many
+held-out rewards failed; 0 when none did).
 """
 from __future__ import annotations
 
@@ -14,16 +16,18 @@ import jax
 import numpy as np
 
 from actors.episodes import generate_rollouts
-from actors.rewards.scoring import InlineScorer, Scorer, score_rollouts
+from actors.rewards.scoring import InlineScorer, Scorer, failures_as_misses, score_rollouts
 from actors.tasks.base import Prompt
 
 
 def evaluate_heldout(engine, task, params, prompts: Sequence[Prompt] | None = None,
-                     scorer: Scorer | None = None) -> dict:
-    """Greedy decoding (multi-turn tasks: greedy episodes) of the held-out set, then scoring."""
+                     scorer: Scorer | None = None, envs=None) -> dict:
+    """Greedy decoding (multi-turn tasks: greedy episodes) of the held-out set, then scoring.
+    envs: the EnvRunner of multi-turn tasks (task.env_threads, task.env_timeout_s)."""
     prompts = list(task.heldout() if prompts is None else prompts)
-    out = generate_rollouts(engine, params, task, prompts, jax.random.key(0), greedy=True)
+    out = generate_rollouts(engine, params, task, prompts, jax.random.key(0), greedy=True, envs=envs)
     scores = [s for group in score_rollouts(scorer or InlineScorer(task), task, prompts, out) for s in group]
+    scores = failures_as_misses(scores, has_reference=any(p.answer for p in prompts))
     metrics = {"eval/reward": float(np.mean([s.reward for s in scores]))}
     exact = [s.exact_match for s in scores]
     if all(e is not None for e in exact):
@@ -32,7 +36,5 @@ def evaluate_heldout(engine, task, params, prompts: Sequence[Prompt] | None = No
     for name in names:
         if name not in ("reward", "exact_match"):
             metrics[f"eval/{name}"] = float(np.mean([s.metrics.get(name, 0.0) for s in scores]))
-    errors = sum(1 for s in scores if s.error)
-    if errors:
-        metrics["eval/reward_errors"] = errors
+    metrics["eval/reward_errors"] = sum(1 for s in scores if s.error)
     return metrics

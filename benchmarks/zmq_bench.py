@@ -14,7 +14,16 @@ of 4000 small groups lasts ~50 ms: a single run's ratio swung 0.2-0.8 with the m
 Prints one JSON line per group shape with the medians, the ratios of the medians to raw (goal
 >= 0.8) with the transport's per-round range, and the transport's ratio to raw_best.
 
+`--auth` instead measures what authenticating actor processes costs (issue 31): the dispatch way
+with 16x1024 groups, and a weights fetch (WeightServer -> WeightClient in another process, 64 MB
+in 16 MB frames), each over
+  tcp        tcp://127.0.0.1, unauthenticated: what every run listened on before (the baseline)
+  tcp_curve  the same with CurveZMQ keys (every byte encrypted and authenticated)
+  ipc        ipc:// in a 0700 directory, the peer's uid checked (the default now)
+rounds alternating, medians; one JSON line with each setup's rate and its ratio to tcp.
+
     python benchmarks/zmq_bench.py [--groups 20000] [--rounds 5] [--seconds-cap 60]
+    python benchmarks/zmq_bench.py --auth [--rounds 5]
 """
 from __future__ import annotations
 
@@ -22,8 +31,11 @@ import argparse
 import json
 import multiprocessing as mp
 import pathlib
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
@@ -59,26 +71,36 @@ def _send_transport(endpoint, shape, n):
     zmq.Context.instance().term()  # blocks until the queued messages are out: exiting first loses them
 
 
-def _send_dispatch(endpoint, shape, n):
+def _send_dispatch(endpoint, shape, n, keys_dir=""):
     import zmq
     from codec_bench import make_group
     from protocols.dispatch_client import DispatcherClient
+    from protocols.zmq_transport import CurveKeys
     ctx = zmq.Context()
-    c = DispatcherClient(endpoint, "bench", n, ctx=ctx).start()
+    keys = CurveKeys.load(keys_dir) if keys_dir else None
+    c = DispatcherClient(endpoint, "bench", n, ctx=ctx, keys=keys).start()
     c.wait_welcome(30)
     stop = threading.Event()
     grant = c.request(n, stop, timeout=30)
     base = make_group(*shape)
     fields = {f: getattr(base, f) for f in base.__struct_fields__}
     from protocols.messages import RolloutGroup
-    groups = [RolloutGroup(**{**fields, "prompt_id": pid, "grant_id": grant.grant_id, "policy_version": 0})
-              for pid in grant.prompt_ids]
+    task = _bench_task()
+    groups = [RolloutGroup(**{**fields, "prompt_id": pid, "grant_id": grant.grant_id, "policy_version": 0,
+                              "prompt_tokens": list(task.prompt(i).tokens)})  # the granted prompt's
+              for pid, i in zip(grant.prompt_ids, grant.prompt_indices)]
     for g in groups:
         c.send_groups([g], grant)
     while c._out:  # the I/O thread drains what was queued
         time.sleep(0.01)
     time.sleep(0.5)
     c.close()
+
+
+def _bench_task():
+    from actors.tasks.config import TaskConfig
+    from actors.tasks.registry import make_task
+    return make_task(TaskConfig(name="sort", num_digits=6, heldout_size=4))
 
 
 def _receive(get, n, cap):
@@ -134,30 +156,106 @@ def bench_transport(shape, n, cap):
     return got / secs
 
 
-def bench_dispatch(shape, n, cap):
+def _listen(scheme: str, workdir: str):
+    """(endpoint to bind, keys or None, keys_dir for the peer) for one --auth setup."""
+    from protocols.zmq_transport import private_dir, write_keys
+    if scheme == "tcp":
+        return "tcp://127.0.0.1:0", None, ""
+    if scheme == "tcp_curve":
+        keys_dir = os.path.join(workdir, "keys")
+        return "tcp://127.0.0.1:0", write_keys(keys_dir), keys_dir
+    return f"ipc://{private_dir(workdir)}/dispatch", None, ""
+
+
+def bench_dispatch(shape, n, cap, scheme="tcp"):
     import zmq
     from actors.prompt_stream import PromptStream
-    from actors.tasks.registry import make_task
-    from actors.tasks.config import TaskConfig
     from protocols.admission import AdmissionGate
     from protocols.dispatch import Dispatcher, DispatchSettings
     from protocols.dispatch_server import DispatchServer
     from protocols.ledger import SampleLedger
     from protocols.transport import InProcessTransport
+    from protocols.zmq_transport import stop_authenticator
     G = shape[0]
     queue = InProcessTransport()
-    stream = PromptStream(make_task(TaskConfig(name="sort", num_digits=6, heldout_size=4)))
+    stream = PromptStream(_bench_task())
     core = Dispatcher(stream, SampleLedger(), AdmissionGate(G * n, 0), DispatchSettings(group_size=G),
                       deliver=queue.put, version_fn=lambda: 0)
     ctx = zmq.Context()
-    server = DispatchServer(core, ctx=ctx, external="tcp://127.0.0.1:0").start()
-    p = mp.get_context("spawn").Process(target=_send_dispatch, args=(server.endpoint, shape, n))
+    workdir = tempfile.mkdtemp(prefix="zmq-bench-")
+    endpoint, keys, keys_dir = _listen(scheme, workdir)
+    server = DispatchServer(core, ctx=ctx, external=endpoint, keys=keys).start()
+    p = mp.get_context("spawn").Process(target=_send_dispatch, args=(server.endpoint, shape, n, keys_dir))
     p.start()
     got, secs = _receive(lambda: queue.get(timeout=0.1), n, cap)
     p.join()
     server.stop()
+    stop_authenticator(ctx)
     ctx.destroy(linger=0)
+    shutil.rmtree(workdir, ignore_errors=True)
     return got / secs
+
+
+WEIGHT_ARRAYS, WEIGHT_MB = 4, 16  # 64 MB in frames of 16 MB (WeightServer's chunk)
+
+
+def _fetch_weights(endpoint, keys_dir, rounds, out):
+    import zmq
+    from protocols.weights_wire import WeightClient
+    from protocols.zmq_transport import CurveKeys
+    client = WeightClient(endpoint, ctx=zmq.Context(), keys=CurveKeys.load(keys_dir) if keys_dir else None)
+    client.fetch(-1)  # connected and warm
+    seconds = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        client.fetch(-1)
+        seconds.append(time.perf_counter() - t0)
+    out.put(statistics.median(seconds))
+
+
+def bench_weights(scheme, rounds=3):
+    """MB/s of one weights fetch by an actor process (median of `rounds` fetches)."""
+    import numpy as np
+    import zmq
+    from protocols.weights_wire import WeightServer
+    from protocols.zmq_transport import stop_authenticator
+    ctx = zmq.Context()
+    workdir = tempfile.mkdtemp(prefix="zmq-bench-")
+    endpoint, keys, keys_dir = _listen(scheme, workdir)
+    server = WeightServer(endpoint.replace("/dispatch", "/weights"), ctx=ctx, keys=keys).start()
+    arrays = [(f"w{i}", np.full(WEIGHT_MB << 18, i, np.float32)) for i in range(WEIGHT_ARRAYS)]
+    server.publish(1, lambda: arrays)
+    out = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=_fetch_weights, args=(server.endpoint, keys_dir, rounds, out))
+    p.start()
+    seconds = out.get(timeout=300)
+    p.join()
+    server.stop()
+    stop_authenticator(ctx)
+    ctx.destroy(linger=0)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return WEIGHT_ARRAYS * WEIGHT_MB / seconds
+
+
+def main_auth(a) -> None:
+    shape, n = (16, 1024), max(a.groups // 10, 200)
+    schemes = ("tcp", "tcp_curve", "ipc")
+    groups = {s: [] for s in schemes}
+    weights = {s: [] for s in schemes}
+    for _ in range(a.rounds):  # alternating, so a noisy moment hits every setup alike
+        for s in schemes:
+            groups[s].append(bench_dispatch(shape, n, a.seconds_cap, s))
+            weights[s].append(bench_weights(s))
+    g = {s: statistics.median(v) for s, v in groups.items()}
+    w = {s: statistics.median(v) for s, v in weights.items()}
+    cheaper = min(("tcp_curve", "ipc"), key=lambda s: -(g[s] / g["tcp"] + w[s] / w["tcp"]))
+    print(json.dumps({"bench": "zmq_auth", "group": f"{shape[0]}x{shape[1]}", "groups": n, "rounds": a.rounds,
+                      "weights_mb": WEIGHT_ARRAYS * WEIGHT_MB,
+                      "dispatch_groups_per_second": {s: round(v, 1) for s, v in g.items()},
+                      "dispatch_ratio_to_tcp": {s: round(v / g["tcp"], 3) for s, v in g.items()},
+                      "weights_mb_per_second": {s: round(v, 1) for s, v in w.items()},
+                      "weights_ratio_to_tcp": {s: round(v / w["tcp"], 3) for s, v in w.items()},
+                      "cheaper_authenticated": cheaper}), flush=True)
 
 
 def main() -> None:
@@ -165,7 +263,10 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=20000, help="groups per measurement (small shape)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the four ways, alternating; medians")
     ap.add_argument("--seconds-cap", type=float, default=60.0)
+    ap.add_argument("--auth", action="store_true", help="compare tcp, tcp with Curve keys and ipc instead")
     a = ap.parse_args()
+    if a.auth:
+        return main_auth(a)
     from codec_bench import make_group
     from protocols.codec import encode
     for shape in SHAPES:

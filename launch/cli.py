@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the base training config")
     a = sub.add_parser("actor", help="join a running learner as an actor process (this host or another)")
     a.add_argument("--connect", required=True, metavar="ENDPOINT",
-                   help="the learner's dispatcher, e.g. tcp://10.0.0.5:5555 (RUN_DIR/endpoint.json has it); "
+                   help="the learner's dispatcher (RUN_DIR/endpoint.json has it): by default "
+                   "ipc://RUN_DIR/sockets/dispatch (this host, this user), or e.g. tcp://10.0.0.5:5555; "
                    "'-': read it (and optionally the run's config first) as JSON lines on stdin")
     a.add_argument("--keys", default="", metavar="DIR", help="CurveZMQ keys (server.key, client.key, "
                    "client.key_secret) when the learner listens with actors.keys_dir")
@@ -160,6 +161,7 @@ def cmd_eval(args) -> int:
     except ConfigError as e:
         return _fail(f"config error in {cfg_path}: {e}", EXIT_CONFIG)
     from actors.engine import JaxEngine
+    from actors.rewards import make_scorer
     from actors.tasks.registry import make_task
     from launch import artifacts
     from launch.policy import build_policy
@@ -173,8 +175,12 @@ def cmd_eval(args) -> int:
     tok = policy.tokenizer
     engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, tok.eos_id, tok.pad_id)
     task = make_task(cfg.task, tok)
-    result = {"run_dir": os.path.abspath(args.run_dir), "task": task.name,
-              "heldout_size": len(task.heldout()), **evaluate(engine, task, params)}
+    scorer = make_scorer(cfg.task, task, tok)  # the run's rewards, with its time and memory limits
+    try:
+        result = {"run_dir": os.path.abspath(args.run_dir), "task": task.name,
+                  "heldout_size": len(task.heldout()), **evaluate(engine, task, params, scorer=scorer)}
+    finally:
+        scorer.close()
     print(json.dumps(result))
     return 0
 

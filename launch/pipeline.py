@@ -8,8 +8,11 @@
 
 Actors are threads in this process (`actors.processes=0`, the default) or processes started and
 restarted by launch/supervisor.py; either way they speak the dispatcher protocol
-(protocols/dispatch.py), threads over `inproc://`, processes over `actors.listen`. Anyone may join
-with `cadence actor --connect ENDPOINT` (the endpoint is in RUN_DIR/endpoint.json). The learner's
+(protocols/dispatch.py), threads over `inproc://`, processes over `actors.listen`. By default that is
+an `ipc://` socket in RUN_DIR/sockets (mode 0700), which only this user's processes on this host can
+reach: they join with `cadence actor --connect ENDPOINT` (the endpoint is in RUN_DIR/endpoint.json);
+tcp beyond loopback needs actors.keys_dir (Curve), and every refused handshake is counted
+(actors/refused_connections). The learner's
 queue is unbounded: backpressure (`actors.queue_size`) holds back grants instead, so restoring a
 checkpoint's queued groups never blocks.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 import warnings
@@ -26,6 +30,7 @@ import zmq
 from actors.actor_loop import Actor
 from actors.env_runner import EnvRunner
 from actors.tasks.base import is_multi_turn
+from launch.config import completion_budget
 from launch.supervisor import ActorSupervisor
 from learner.loop import PipelineStopped
 from learner.models.named_arrays import ParamLayout
@@ -38,7 +43,7 @@ from protocols.messages import Control
 from protocols.transport import InProcessTransport
 from protocols.weights import InProcessWeights
 from protocols.weights_wire import WeightServer
-from protocols.zmq_transport import CurveKeys, stop_authenticator
+from protocols.zmq_transport import CurveKeys, private_dir, stop_authenticator
 
 ENDPOINT_FILE = "endpoint.json"
 
@@ -58,7 +63,11 @@ class Pipeline:
         self._failures: list[str] = []  # fatal: a thread actor failed or hung (threads cannot be restarted)
         self._thread_ids: set[str] = set()
         self.supervisor = supervisor  # actors.processes, started with the run (start_actor_processes)
+        self._socket_dir = ""  # the ipc sockets' directory (RUN_DIR/sockets, or a short one elsewhere)
         listen, weights_listen = self._endpoints(a.listen)
+        if listen.startswith("tcp://") and self.keys is None:  # loopback (config validation refused the rest)
+            progress.message(f"actors.listen={a.listen} without actors.keys_dir: any user on this host can "
+                             "connect to the run; the default (ipc://, in the run directory) admits only yours")
         self.weight_server = WeightServer(weights_listen, ctx=self.ctx, keys=self.keys, key_name="actors.keys_dir") \
             if listen else None
         if self.weight_server is not None:
@@ -70,17 +79,22 @@ class Pipeline:
             heartbeat_timeout_seconds=a.heartbeat_timeout_seconds,
             liveness_timeout_seconds=a.liveness_timeout_seconds, queue_size=a.queue_size,
             concurrency=a.prompts_per_call, config=config_dict,
-            weights_endpoint=self.weight_server.endpoint if self.weight_server else "")
+            weights_endpoint=self.weight_server.endpoint if self.weight_server else "",
+            # what a group may hold (protocols/group_checks.py): the learner's rows are built for these
+            max_completion_tokens=completion_budget(cfg, task),
+            vocab_size=getattr(getattr(engine, "model_cfg", None), "vocab_size", 0),
+            max_abs_reward=a.max_abs_reward)
         core = Dispatcher(stream, ledger, gate, settings, deliver=self.queue.put, version_fn=lambda: weights.version,
-                          on_actor_gone=self._gone, on_hung=self._hung)
+                          on_actor_gone=self._gone, on_hung=self._hung, on_bad_group=self._bad_group)
         self.server = DispatchServer(core, ctx=self.ctx, external=listen, keys=self.keys,
                                      max_bytes=int(a.max_message_mb * (1 << 20)))
         gate.on_change = self.server.wake
         self.endpoint = self.server.endpoint
         if self.endpoint:
+            auth = "curve" if self.keys else "same_user" if self.endpoint.startswith("ipc://") else "none"
             with open(os.path.join(run_dir, ENDPOINT_FILE), "w") as f:
                 json.dump({"dispatch": self.endpoint, "weights": settings.weights_endpoint, "pid": os.getpid(),
-                           "curve": bool(self.keys)}, f)
+                           "curve": bool(self.keys), "auth": auth}, f)
         self.stop_event = threading.Event()
         self._stopped = False
         self.actors: list[Actor] = []
@@ -100,9 +114,15 @@ class Pipeline:
             supervisor.on_exit = self._process_exited
 
     def _endpoints(self, listen: str) -> tuple[str, str]:
-        """Where to listen: a resume keeps the ports it had, so actors outside reconnect."""
+        """Where to listen: `ipc://` alone is a socket in RUN_DIR/sockets (0700; the same path on a
+        resume); a resume keeps the tcp ports it had, so actors outside reconnect."""
         if not listen:
             return "", ""
+        if listen == "ipc://":
+            # removed at stop, also inside the run directory: a socket file left there breaks
+            # copying the run (shutil.copytree: "No such device or address"); a resume binds again
+            self._socket_dir = private_dir(self.run_dir)
+            return f"ipc://{self._socket_dir}/dispatch", f"ipc://{self._socket_dir}/dispatch.weights"
         host = listen.rsplit(":", 1)[0]
         weights = f"{host}:0" if listen.startswith("tcp://") else listen + ".weights"
         saved = os.path.join(self.run_dir, ENDPOINT_FILE)
@@ -157,6 +177,8 @@ class Pipeline:
             self.weight_server.stop(min(2.0, _left(deadline)))
         stop_authenticator(self.ctx)
         self.ctx.destroy(linger=0)
+        if self._socket_dir:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def _tell_actors_finished(self, deadline: float, patience: float = 3.0) -> None:
         """Say "finished" until every actor has said Goodbye, or for `patience` seconds: a word
@@ -210,6 +232,8 @@ class Pipeline:
 
     def metrics(self) -> dict:
         out = self.server.metrics()
+        if self.weight_server is not None:  # a stranger may try either socket
+            out["actors/refused_connections"] += self.weight_server.refused.refused
         with self.server.lock:
             totals = self.server.core.totals()
         out["actors/samples_received"] = totals.get("samples", 0)
@@ -232,6 +256,11 @@ class Pipeline:
             self._failures.append(detail)  # a thread cannot be killed: the run stops, naming it
         elif self.supervisor is not None and self.supervisor.pid(actor_id) is not None:
             self.supervisor.kill(actor_id)  # restarted like any dead process
+
+    def _bad_group(self, actor_id: str, detail: str) -> None:
+        self.progress.message(detail)
+        if actor_id in self._thread_ids:  # our own actor thread built it: a bug, so the run stops, naming it
+            self._failures.append(detail)
 
     def _process_exited(self, actor_id: str, reason: str) -> None:
         self.server.call(lambda core: core.expel(actor_id, reason, error=True) or [])

@@ -18,9 +18,11 @@ import os
 import time
 
 from actors.engine import JaxEngine
+from actors.env_runner import EnvRunner
 from actors.evaluation import evaluate_heldout
 from actors.prompt_stream import PromptStream
 from actors.rewards import make_scorer
+from actors.tasks.base import is_multi_turn
 from actors.tasks.registry import make_task
 from launch import artifacts, compile_cache, run_state
 from launch.config_loader import ConfigError, to_dict
@@ -44,10 +46,11 @@ from learner.steps.sft_step import SFTStep, build_sft_batch
 from protocols.admission import AdmissionGate
 from protocols.weights import InProcessWeights
 
-def evaluate(engine: JaxEngine, task, params, prompts=None, scorer=None) -> dict:
+def evaluate(engine: JaxEngine, task, params, prompts=None, scorer=None, envs=None) -> dict:
     """Greedy decoding on the held-out set: eval/reward, eval/exact_match (tasks with answers) and
-    the task's own metrics (actors/evaluation.py). scorer: where rewards run (default inline)."""
-    return evaluate_heldout(engine, task, params, prompts, scorer)
+    the task's own metrics (actors/evaluation.py). scorer: where rewards run (default inline);
+    envs: where a multi-turn task's environment calls run."""
+    return evaluate_heldout(engine, task, params, prompts, scorer, envs)
 
 
 def supervised_warmup(cfg: Config, logits_fn, params, stream: PromptStream, seq_len: int, pad_id: int,
@@ -155,8 +158,9 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     # the held-out eval runs the program the actors already compiled.
     engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id, policy.tokenizer.pad_id)
     scorer = make_scorer(cfg.task, task, policy.tokenizer)  # rewards: worker pool, HTTP server or inline
+    envs = EnvRunner.from_config(cfg.task) if is_multi_turn(task) else None  # the run's env limits
     evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=task.heldout(),
-                                                       scorer=scorer))  # [sharded learner]
+                                                       scorer=scorer, envs=envs))  # [sharded learner]
     sft_metrics = {}
     if begin.restored:
         state = template._replace(**begin.arrays, step=begin.step0)

@@ -20,7 +20,12 @@ An actor silent for heartbeat_timeout_seconds, or stuck in one phase with prompt
 liveness_timeout_seconds, is declared gone: its prompts go back to the stream (re-issued first)
 and their admission credits are returned. A group that answers no live grant (a late answer from
 an actor declared gone, or from before a learner restart) is dropped and counted, so no prompt
-is consumed twice. Messages from peers the dispatcher does not know get a Reset: say Hello again.
+is consumed twice. A group that answers a live grant but is not what was granted (another prompt,
+another group size, lengths beyond the run's budget, rewards or log-probs out of range, an
+implausible policy version: protocols/group_checks.py) never reaches the ledger or the learner: it
+is counted as bad_groups/REASON, its sender is expelled (its prompts re-issued), told to stop, and
+nothing more it sends on that connection is read. Messages from peers the dispatcher does not know
+get a Reset: say Hello again.
 
 `Dispatcher` is pure bookkeeping (no sockets, no threads of its own; the server calls it under its
 lock). protocols/dispatch_client.py is the actor's side.
@@ -34,6 +39,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from protocols.admission import AdmissionGate
+from protocols.group_checks import GrantedPrompts, GroupLimits, check_group
 from protocols.ledger import SampleLedger
 from protocols.messages import (
     Control,
@@ -48,6 +54,7 @@ from protocols.messages import (
 )
 
 Peer = tuple[int, bytes]  # (socket index, ZeroMQ routing id)
+MAX_BANNED = 4096  # connections remembered as cut off (the oldest forgotten first)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +67,13 @@ class DispatchSettings:
     concurrency: int = 16  # prompts per engine call, told to actors (the controller may change it)
     config: dict = dataclasses.field(default_factory=dict)  # the run's config, for actor processes
     weights_endpoint: str = ""
+    max_completion_tokens: int = 0  # the run's completion budget: a longer completion is a bad group (0 = unchecked)
+    vocab_size: int = 0  # completion ids must be below it (0 = unchecked)
+    max_abs_reward: float = 1e6  # a reward of larger magnitude is a bad group
+
+    @property
+    def limits(self) -> GroupLimits:
+        return GroupLimits(self.group_size, self.max_completion_tokens, self.vocab_size, self.max_abs_reward)
 
 
 @dataclasses.dataclass
@@ -76,7 +90,7 @@ class ActorRecord:
     phase: str = "idle"
     phase_since: float = 0.0
     wanted: int = 0  # prompts asked for and not granted yet
-    grants: dict[str, set[str]] = dataclasses.field(default_factory=dict)  # grant_id -> prompt ids out
+    grants: dict[str, GrantedPrompts] = dataclasses.field(default_factory=dict)  # grant_id -> prompts out
     version: int = -1  # weights version the actor holds
     samples: int = 0
     tokens: int = 0
@@ -102,16 +116,21 @@ class Dispatcher:
       on_actor_gone(actor_id, reason, error): told when an actor is declared gone or leaves.
       on_hung(actor_id, detail): told when an actor is stuck (the wiring decides: kill a process,
         fail a thread).
+      on_bad_group(actor_id, detail): told when an actor sent a bad group and was cut off.
     """
 
     def __init__(self, stream, ledger: SampleLedger, gate: AdmissionGate, settings: DispatchSettings,
                  deliver: Callable[[RolloutGroup], None], version_fn: Callable[[], int],
                  on_actor_gone: Callable[[str, str, bool], None] | None = None,
-                 on_hung: Callable[[str, str], None] | None = None, session: str | None = None):
+                 on_hung: Callable[[str, str], None] | None = None, session: str | None = None,
+                 on_bad_group: Callable[[str, str], None] | None = None):
         self.stream, self.ledger, self.gate, self.settings = stream, ledger, gate, settings
         self.deliver, self.version_fn = deliver, version_fn
         self.on_actor_gone = on_actor_gone or (lambda actor_id, reason, error: None)
         self.on_hung = on_hung or (lambda actor_id, detail: None)
+        self.on_bad_group = on_bad_group or (lambda actor_id, detail: None)
+        self.limits = settings.limits
+        self.banned: dict[Peer, None] = {}  # connections cut off for a bad group (insertion-ordered)
         self.session = session or uuid.uuid4().hex[:12]
         self.concurrency = settings.concurrency
         self.actors: dict[str, ActorRecord] = {}
@@ -124,6 +143,9 @@ class Dispatcher:
     # -- messages -------------------------------------------------------------------------------
     def handle(self, peer: Peer, msg: Any, now: float) -> list[tuple[Peer, Any]]:
         """Applies one message from `peer`; returns the messages to send."""
+        if peer in self.banned:
+            self.counts["banned_messages"] += 1
+            return []
         if isinstance(msg, Hello):
             return self._hello(peer, msg, now)
         rec = self.actors.get(self.by_peer.get(peer, ""))
@@ -175,20 +197,17 @@ class Dispatcher:
                        concurrency=self.concurrency)
 
     def _group(self, rec: ActorRecord, group: RolloutGroup) -> list[tuple[Peer, Any]]:
-        ids = rec.grants.get(group.grant_id)
-        if ids is None or group.prompt_id not in ids:
+        granted = rec.grants.get(group.grant_id)
+        if granted is None or group.prompt_id not in granted:
             self.counts["late_groups"] += 1
             return []
-        ids.discard(group.prompt_id)
-        if not ids:
+        bad = check_group(group, granted, self.limits, self.version_fn())
+        if bad is not None:
+            return self._bad_group(rec, group, *bad)
+        del granted.tokens[group.prompt_id]
+        if not granted:
             del rec.grants[group.grant_id]
         rec.version = max(rec.version, group.policy_version)  # fresher than its last heartbeat
-        if group.policy_version > self.version_fn():  # weights from a timeline a resume rolled back
-            self.counts["future_version"] += 1
-            with self.ledger.lock:
-                self.stream.reissue(self.ledger.release([group.prompt_id]))
-            self.gate.cancel(self.settings.group_size)
-            return []
         self.ledger.queue(group)
         rec.groups += 1
         rec.samples += len(group.rewards)
@@ -197,6 +216,18 @@ class Dispatcher:
         self.counts[f"groups/{group.timings.engine}"] += 1  # which engines made the samples
         self.deliver(group)
         return []
+
+    def _bad_group(self, rec: ActorRecord, group: RolloutGroup, reason: str, detail: str) -> list[tuple[Peer, Any]]:
+        """Reject, count, and cut the sender off: expelled (its prompts, this one included, go back to
+        the stream), told to stop, and nothing more read from its connection."""
+        self.counts[f"bad_groups/{reason}"] += 1
+        text = f"actor {rec.actor_id} sent a bad group for {group.prompt_id!r} ({reason}: {detail}); disconnected"
+        self._expel(rec, f"bad group ({reason})", True)
+        self.banned[rec.peer] = None
+        if len(self.banned) > MAX_BANNED:
+            del self.banned[next(iter(self.banned))]
+        self.on_bad_group(rec.actor_id, text)
+        return [(rec.peer, Control(stop=True, reason=text))]
 
     # -- grants ---------------------------------------------------------------------------------
     def _grant(self, rec: ActorRecord) -> list[tuple[Peer, Any]]:
@@ -215,12 +246,13 @@ class Dispatcher:
             prompts = self.stream.take(n)
             self.ledger.issue(prompts)
         grant_id = f"{self.session}-{next(self._grant_ids)}"
-        rec.grants[grant_id] = {p.prompt_id for p in prompts}
-        rec.wanted = 0
         oldest = self.gate.consuming_step(0) - self.gate.max_staleness
+        min_version = max(0, min(oldest, version))
+        rec.grants[grant_id] = GrantedPrompts.of(prompts, min_version)
+        rec.wanted = 0
         return [(rec.peer, Grant(grant_id=grant_id, prompt_indices=[p.index for p in prompts],
                                  prompt_ids=[p.prompt_id for p in prompts], version=version,
-                                 min_version=max(0, min(oldest, version))))]
+                                 min_version=min_version))]
 
     def regrant(self) -> list[tuple[Peer, Any]]:
         """Retry waiting requests (call when the gate moved: a batch taken, a version published)."""
@@ -294,7 +326,8 @@ class Dispatcher:
         out = {"actors/alive": len(self.actors), "actors/reissued": self.counts["reissued"],
                "actors/late_groups": self.counts["late_groups"], "actors/gone": self.counts["gone"],
                "actors/joined": self.counts["joined"]}
-        out.update({f"actors/{k}": n for k, n in self.counts.items() if k.startswith("groups/")})  # actors/groups/sglang
+        out.update({f"actors/{k}": n for k, n in self.counts.items()
+                    if k.startswith(("groups/", "bad_groups/"))})  # actors/groups/sglang, actors/bad_groups/group_size
         for rec in self.actors.values():
             t0, s0 = rec.rate_mark
             key = f"actor/{rec.actor_id}"
@@ -307,7 +340,7 @@ class Dispatcher:
         return out
 
 
-def _first(grants: dict[str, set[str]]) -> str:
+def _first(grants: dict[str, GrantedPrompts]) -> str:
     for ids in grants.values():
         for pid in sorted(ids):
             return pid

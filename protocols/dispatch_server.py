@@ -22,7 +22,7 @@ import zmq
 from protocols.codec import Codec
 from protocols.dispatch import Dispatcher
 from protocols.errors import ProtocolError
-from protocols.zmq_transport import ZERO_COPY_BYTES, CurveKeys, bound_endpoint, server_socket
+from protocols.zmq_transport import ZERO_COPY_BYTES, CurveKeys, RefusalCounter, bound_endpoint, server_socket
 
 
 class DispatchServer:
@@ -31,7 +31,8 @@ class DispatchServer:
     server thread) and `wake()` (re-check waiting requests now).
 
     Bad bytes from a peer (malformed, foreign, another schema version, too large) are counted by
-    kind in `bad_messages` and dropped; the server keeps running.
+    kind in `bad_messages` and dropped; the server keeps running. Handshakes the external socket
+    refused (an unknown key, another user) are counted in `refused.refused`.
     """
 
     def __init__(self, core: Dispatcher, *, ctx: zmq.Context, external: str = "", keys: CurveKeys | None = None,
@@ -48,6 +49,7 @@ class DispatchServer:
             self._sockets.append(server_socket(ctx, zmq.ROUTER, external, keys=keys, max_bytes=slack,
                                                key_name=key_name))
             self.endpoint = bound_endpoint(self._sockets[1])
+        self.refused = RefusalCounter(self._sockets[1]) if external else None
         self.bad_messages: Counter = Counter()
         self._zero_copy = [False] * len(self._sockets)  # per socket: receive the next message uncopied
         self.last_error = ""
@@ -80,6 +82,7 @@ class DispatchServer:
         with self.lock:
             out = self.core.metrics(time.monotonic())
         out["actors/bad_messages"] = sum(self.bad_messages.values())
+        out["actors/refused_connections"] = self.refused.refused if self.refused else 0
         return out
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -92,6 +95,8 @@ class DispatchServer:
             self._thread.join(timeout)
         for s in self._sockets:
             s.close(0)
+        if self.refused is not None:
+            self.refused.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -101,6 +106,8 @@ class DispatchServer:
         for s in self._sockets:
             poller.register(s, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        if self.refused is not None:
+            poller.register(self.refused.socket, zmq.POLLIN)
         tick_every = min(0.05, self.core.settings.heartbeat_seconds / 2)
         next_tick = 0.0
         try:
@@ -111,6 +118,8 @@ class DispatchServer:
                     for i, s in enumerate(self._sockets):
                         if events.get(s):
                             out += self._receive(i, s)
+                    if self.refused is not None and events.get(self.refused.socket):
+                        self.refused.poll()
                     if events.get(self._wake_r):
                         os.read(self._wake_r, 4096)
                         while not self._calls.empty():

@@ -25,7 +25,7 @@ import zmq
 from protocols.codec import Codec
 from protocols.errors import ProtocolError
 from protocols.messages import TensorSpec, WeightsPublished, WeightsRequest
-from protocols.zmq_transport import CurveKeys, bound_endpoint, client_socket, server_socket
+from protocols.zmq_transport import CurveKeys, RefusalCounter, bound_endpoint, client_socket, server_socket
 
 NamedArrays = list[tuple[str, np.ndarray]]
 
@@ -79,6 +79,7 @@ class WeightServer:
         self._sock = server_socket(ctx, zmq.ROUTER, endpoint, keys=keys, max_bytes=1 << 20, hwm=100,
                                    key_name=key_name)
         self.endpoint = bound_endpoint(self._sock)
+        self.refused = RefusalCounter(self._sock)  # handshakes refused (read on the server thread)
         self._lock = threading.Lock()
         self._version = -1
         self._arrays_fn: Callable[[], NamedArrays] | None = None
@@ -105,6 +106,7 @@ class WeightServer:
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._sock.close(0)
+        self.refused.close()
 
     def _newest(self):
         with self._lock:
@@ -117,6 +119,7 @@ class WeightServer:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self.refused.poll()
             if not self._sock.poll(50, zmq.POLLIN):
                 continue
             frames = self._sock.recv_multipart(copy=False)

@@ -9,8 +9,16 @@ Security: a server binds loopback (`127.0.0.0/8`, `::1`, `localhost`), `ipc://` 
 freely; binding any other address needs Curve keys, and `check_bind` refuses it otherwise, naming
 the config key. With keys, the server authenticates every client against the public keys in
 `authorized_clients/` (ZAP, run by pyzmq's authenticator thread): a client with an unknown key
-completes no handshake, so none of its bytes reach the application. Every receiving socket has a
-maximum message size (`MAXMSGSIZE`): a peer that sends more is disconnected by ZeroMQ itself.
+completes no handshake, so none of its bytes reach the application. Without keys, an `ipc://`
+server admits only processes of its own user: the kernel hands ZeroMQ the peer's uid and the same
+ZAP thread refuses any other (the socket's directory, `private_dir`, mode 0700, already keeps other
+users from connecting at all; the uid check holds where that does not, e.g. for root). A refused
+handshake is counted (`RefusalCounter`). Every receiving socket has a maximum message size
+(`MAXMSGSIZE`): a peer that sends more is disconnected by ZeroMQ itself.
+
+    directory = private_dir(run_dir)                     # RUN_DIR/sockets, 0700 (or a short one)
+    sock = server_socket(ctx, zmq.ROUTER, f"ipc://{directory}/dispatch", keys=None, max_bytes=...)
+    refused = RefusalCounter(sock)                       # refused.poll() -> handshakes refused so far
 
 `ZmqTransport` is the `BytesTransport` view (PUSH on one side, PULL on the other) with the
 `InProcessTransport` contract: `put_bytes(data, timeout)` blocks while the high-water mark is
@@ -23,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import stat
+import tempfile
 import threading
 import time
 import weakref
@@ -31,6 +41,7 @@ from urllib.parse import urlsplit
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import parse_monitor_message
 
 from protocols.transport import TransportClosed, TransportFull, _deadline
 
@@ -38,6 +49,9 @@ SERVER_KEY = "server"
 ZERO_COPY_BYTES = 64 * 1024  # messages this big are received uncopied (read in ZeroMQ's own frames)
 CLIENT_KEY = "client"
 AUTHORIZED = "authorized_clients"
+IPC_DOMAIN = b"cadence-ipc"  # the ZAP domain of ipc:// servers without keys: their peers' uid is checked
+SOCKETS_DIR = "sockets"  # private_dir's folder in a run directory
+_IPC_PATH_MAX = 100  # bytes of a Unix socket path (sun_path holds 107 plus NUL; kept short of it)
 
 
 class SecurityError(ValueError):
@@ -126,24 +140,65 @@ def check_bind(endpoint: str, authenticated: bool, key_name: str = "actors.keys_
                             f"authenticate: write keys with `cadence keys DIR` and set {key_name}=DIR")
 
 
+def private_dir(run_dir: str, longest_name: str = "dispatch.weights") -> str:
+    """A directory for a run's ipc:// sockets that only this user can enter: RUN_DIR/sockets, mode
+    0700 (refused if it is a link or another user's). Unix socket paths are short (~107 bytes): when
+    RUN_DIR/sockets/`longest_name` would be longer, a fresh 0700 directory under the temporary folder
+    instead (the caller removes it; endpoint.json tells actors where)."""
+    path = os.path.join(os.path.abspath(run_dir), SOCKETS_DIR)
+    if len(os.path.join(path, longest_name).encode()) > _IPC_PATH_MAX:
+        return tempfile.mkdtemp(prefix="cadence-")  # 0700 by definition
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise SecurityError(f"actors.listen: {path} must be a directory of this user (uid {os.getuid()}), "
+                            f"not a link or another user's; remove it")
+    os.chmod(path, 0o700)  # whatever the umask or an earlier run left
+    return path
+
+
+class _Authenticator(ThreadAuthenticator):
+    """pyzmq's ZAP thread, plus the rule for ipc:// servers without keys: a NULL handshake passes
+    only from a peer process of this user (libzmq puts the peer's uid:gid:pid, from SO_PEERCRED,
+    at the end of the address it gives ZAP)."""
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        if len(msg) >= 6 and msg[5] == b"NULL" and msg[2] == IPC_DOMAIN:
+            parts = msg[3].decode("ascii", "replace").rsplit(":", 3)
+            uid = parts[1] if len(parts) == 4 else ""
+            if uid == str(os.getuid()):
+                self._send_zap_reply(msg[1], b"200", b"OK", "local")
+            else:
+                self._send_zap_reply(msg[1], b"400", b"another user")
+            return
+        await super().handle_zap_message(msg)
+
+
 _auth_lock = threading.Lock()
-_authenticators: "weakref.WeakKeyDictionary[zmq.Context, ThreadAuthenticator]" = weakref.WeakKeyDictionary()
+_authenticators: "weakref.WeakKeyDictionary[zmq.Context, _Authenticator]" = weakref.WeakKeyDictionary()
 
 
-def _authenticator(ctx: zmq.Context, keys: CurveKeys) -> None:
-    """One ZAP authenticator per context, allowing exactly the keys in authorized_clients/.
-    (Without one, a Curve server would accept any client key.)"""
+def _authenticator(ctx: zmq.Context, keys: CurveKeys | None) -> None:
+    """One ZAP authenticator per context: with keys, it allows exactly the keys in
+    authorized_clients/ (without one, a Curve server would accept any client key); it always
+    applies the same-user rule to ipc:// servers without keys."""
     with _auth_lock:
         auth = _authenticators.get(ctx)
-        if auth is not None:
-            if auth._cadence_location != keys.authorized_dir:
-                raise SecurityError("keys: one ZeroMQ context cannot serve two key sets")
+        if auth is None:
+            auth = _Authenticator(ctx)
+            auth.start()
+            auth._cadence_location = None
+            _authenticators[ctx] = auth
+        if keys is None:
             return
-        auth = ThreadAuthenticator(ctx)
-        auth.start()
-        auth.configure_curve(domain="*", location=keys.authorized_dir)
-        auth._cadence_location = keys.authorized_dir
-        _authenticators[ctx] = auth
+        if auth._cadence_location is None:
+            auth.configure_curve(domain="*", location=keys.authorized_dir)
+            auth._cadence_location = keys.authorized_dir
+        elif auth._cadence_location != keys.authorized_dir:
+            raise SecurityError("keys: one ZeroMQ context cannot serve two key sets")
 
 
 def stop_authenticator(ctx: zmq.Context) -> None:
@@ -152,6 +207,36 @@ def stop_authenticator(ctx: zmq.Context) -> None:
         auth = _authenticators.pop(ctx, None)
     if auth is not None:
         auth.stop()
+
+
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+
+
+class RefusalCounter:
+    """Counts the handshakes a server socket refused: an unknown Curve key, a client without keys
+    at a Curve server, a process of another user at an ipc:// server (ZeroMQ's socket monitor).
+    `poll()` reads the events waiting and returns the count so far; `socket` can join a poller.
+    Not thread-safe: the thread that owns the server socket calls it."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.socket = sock.get_monitor_socket(_REFUSED)
+        self.refused = 0
+        self.last = ""  # the last refusal, for logs: "HANDSHAKE_FAILED_AUTH from ipc://..."
+
+    def poll(self) -> int:
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return self.refused
+            except zmq.ZMQError:  # closed
+                return self.refused
+            event = parse_monitor_message(frames)
+            self.refused += 1
+            self.last = f"{zmq.Event(event['event']).name} on {event['endpoint'].decode(errors='replace')}"
+
+    def close(self) -> None:
+        self.socket.close(0)
 
 
 def _common(sock: zmq.Socket, max_bytes: int, hwm: int) -> None:
@@ -174,6 +259,9 @@ def server_socket(ctx: zmq.Context, kind: int, endpoint: str, *, keys: CurveKeys
         sock.curve_server = True
         sock.curve_secretkey = keys.server_secret
         sock.curve_publickey = keys.server_public
+    elif endpoint.startswith("ipc://"):
+        _authenticator(ctx, None)
+        sock.zap_domain = IPC_DOMAIN  # NULL handshakes go to ZAP: the peer's uid is checked
     if kind == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a message to a gone peer is dropped, not an error
     bind = endpoint[:-1] + "*" if endpoint.startswith("tcp://") and endpoint.endswith(":0") else endpoint

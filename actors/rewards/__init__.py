@@ -23,10 +23,37 @@ def make_scorer(task_cfg, task, tokenizer=None) -> Scorer:
                             task_cfg.reward_timeout_s, task_cfg.reward_retries)
     if task_cfg.reward_workers > 0 and hasattr(task, "score") and not is_multi_turn(task):
         from actors.rewards.pool import RewardPool
-        from actors.tasks.registry import task_factory
-        return RewardPool(task_factory(task_cfg, tokenizer), task_cfg.reward_workers,
-                          task_cfg.reward_timeout_s, task_cfg.reward_memory_mb)
+        return RewardPool(worker_source(task_cfg, task, tokenizer), task_cfg.reward_workers,
+                          task_cfg.reward_timeout_s, task_cfg.reward_memory_mb,
+                          group_timeout_s=task_cfg.reward_group_timeout_s)
     return InlineScorer(task)
 
 
-__all__ = ["InlineScorer", "Scorer", "make_scorer", "safe_score", "score_groups", "score_rollouts"]
+class ScoringOnly:
+    """What a reward worker scores with when the task offers a scoring function: that function
+    alone, so the worker never builds the task (reads or tokenizes its dataset)."""
+
+    def __init__(self, score):
+        self.score = score
+
+
+def worker_source(task_cfg, task, tokenizer=None):
+    """A picklable zero-argument callable that builds, in a worker, something with .score: the
+    task's scoring function (Task.scoring, when it has one that pickles), else the whole task."""
+    import functools
+    import pickle
+
+    scoring = getattr(task, "scoring", None)
+    fn = scoring() if callable(scoring) else None
+    if fn is not None:
+        try:
+            pickle.dumps(fn)
+            return functools.partial(ScoringOnly, fn)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            pass  # e.g. a closure: the worker builds the task instead
+    from actors.tasks.registry import task_factory
+    return task_factory(task_cfg, tokenizer)
+
+
+__all__ = ["InlineScorer", "Scorer", "ScoringOnly", "make_scorer", "safe_score", "score_groups", "score_rollouts",
+           "worker_source"]

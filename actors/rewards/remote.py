@@ -9,11 +9,13 @@ One POST per group, JSON both ways:
     response  {"rewards": [G numbers], "exact_match": [G booleans or null] (optional),
                "metrics": {"name": [G numbers]} (optional)}
 
-At most ``concurrency`` requests are in flight. A request that times out, cannot connect, gets an
-HTTP error status or a body that is not that shape is sent again (``retries`` times, backing off);
-after that each completion of the group scores 0 with the reason (remote_timeout,
-remote_unavailable, remote_http, remote_malformed). The server's answer is parsed as JSON and
-checked field by field, never evaluated.
+The request is JSON as msgspec writes it: NumPy scalars and arrays in Prompt.metadata become
+numbers and lists; a group whose metadata holds anything else JSON cannot carry scores 0 with the
+reason remote_encode (no request is sent). At most ``concurrency`` requests are in flight. A
+request that times out, cannot connect, gets an HTTP error status or a body that is not that shape
+is sent again (``retries`` times, backing off); after that each completion of the group scores 0
+with the reason (remote_timeout, remote_unavailable, remote_http, remote_malformed). The server's
+answer is parsed as JSON and checked field by field, never evaluated.
 """
 from __future__ import annotations
 
@@ -24,9 +26,13 @@ import threading
 from collections.abc import Sequence
 
 import aiohttp
+import msgspec
+import numpy as np
 
-from actors.rewards.scoring import Item, failed
+from actors.rewards.scoring import Item, Progress, failed, wait_reporting
 from actors.tasks.base import Score
+
+ENCODE = "remote_encode"  # the group's prompt holds something JSON cannot carry
 
 
 class _Malformed(ValueError):
@@ -42,6 +48,22 @@ def group_payload(task_name: str, group: Sequence[Item]) -> dict:
                    "metadata": dict(prompt.metadata)},
         "completions": [{"ids": list(c.ids), "text": c.text} for _, c in group],
     }
+
+
+def _enc_hook(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise NotImplementedError(f"cannot encode a {type(obj).__name__} as JSON")
+
+
+def encode_group(task_name: str, group: Sequence[Item]) -> bytes | None:
+    """The group's request body, or None when its prompt holds something JSON cannot carry."""
+    try:
+        return msgspec.json.encode(group_payload(task_name, group), enc_hook=_enc_hook)
+    except (TypeError, ValueError, OverflowError, NotImplementedError, msgspec.EncodeError):
+        return None
 
 
 def parse_response(body, group_size: int) -> list[Score]:
@@ -91,7 +113,16 @@ class RemoteScorer:
                 connector=aiohttp.TCPConnector(limit=self.concurrency),
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s))
 
-    async def _post(self, payload: dict, group_size: int) -> list[Score]:
+    async def _post(self, body: bytes | None, group_size: int, done: list[int]) -> list[Score]:
+        try:
+            return await self._post_body(body, group_size)
+        finally:
+            done[0] += group_size
+
+    async def _post_body(self, body: bytes | None, group_size: int) -> list[Score]:
+        if body is None:
+            self.stats["failures"] += 1
+            return [failed(ENCODE)] * group_size
         reason = "remote_unavailable"
         for attempt in range(self.retries + 1):
             if attempt:
@@ -100,7 +131,8 @@ class RemoteScorer:
             async with self._sem:
                 self.stats["requests"] += 1
                 try:
-                    async with self._session.post(self.url, json=payload) as resp:
+                    async with self._session.post(self.url, data=body,
+                                                  headers={"Content-Type": "application/json"}) as resp:
                         text = await resp.text()
                         if resp.status >= 400:
                             reason = "remote_http"
@@ -115,15 +147,18 @@ class RemoteScorer:
         self.stats["failures"] += 1
         return [failed(reason)] * group_size
 
-    async def _score_all(self, groups: Sequence[Sequence[Item]]) -> list[list[Score]]:
+    async def _score_all(self, bodies: list[bytes | None], sizes: list[int], done: list[int]) -> list[list[Score]]:
         await self._setup()
-        return await asyncio.gather(*(self._post(group_payload(self.task_name, g), len(g)) for g in groups))
+        return await asyncio.gather(*(self._post(b, n, done) for b, n in zip(bodies, sizes)))
 
-    def score_groups(self, groups: Sequence[Sequence[Item]]) -> list[list[Score]]:
+    def score_groups(self, groups: Sequence[Sequence[Item]], progress: Progress | None = None) -> list[list[Score]]:
         groups = [list(g) for g in groups]
         if not groups:
             return []
-        return list(asyncio.run_coroutine_threadsafe(self._score_all(groups), self._loop).result())
+        bodies = [encode_group(self.task_name, g) for g in groups]
+        done = [0]  # completions whose group came back (this call's progress)
+        future = asyncio.run_coroutine_threadsafe(self._score_all(bodies, [len(g) for g in groups], done), self._loop)
+        return list(wait_reporting(future, lambda: done[0], sum(len(g) for g in groups), progress))
 
     def close(self) -> None:
         async def shutdown():

@@ -4,13 +4,15 @@ Started with multiprocessing's spawn context, so it is a fresh interpreter: it n
 JAX runtime or the actor's threads. It limits its own address space (RLIMIT_AS), builds its copy
 of the task from a picklable factory, says it is ready, then scores batches until told to stop.
 
-Wire: the parent sends pickled batches (parent -> child only: the child trusts its parent); the
+Wire: the parent sends pickled batches ({"items": [(prompt, completion)], "groups": [group of each
+item], "budgets": {group: seconds left}}; parent -> child only: the child trusts its parent); the
 child answers with JSON lists of results: whatever it scored, once FLUSH_S has passed since its
 last answer and at the end of the batch (few messages per batch, and a slow or fatal completion
-does not take the results before it along). Before each completion it writes the completion's
-index to a shared-memory counter, so the parent knows which one was running when a deadline
-passed or the process died. The parent never unpickles anything from a worker, whose reward code
-may have run on hostile model output.
+does not take the results before it along). Before each completion it writes the completion's index
+to a shared-memory counter, so the parent knows which one was running when a deadline passed or the
+process died. A completion whose group has used up its budget (counted from the group's first
+completion here) is not scored: it answers group_timeout at once. The parent never unpickles
+anything from a worker, whose reward code may have run on hostile model output.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import pickle
 import resource
 import time
 
-from actors.rewards.scoring import failed, safe_score, MEMORY
+from actors.rewards.scoring import GROUP_TIMEOUT, MEMORY, failed, safe_score
 
 
 FLUSH_S = 0.005
@@ -56,15 +58,21 @@ def main(conn, task_factory, memory_mb: int, progress) -> None:
         batch = pickle.loads(data)
         if batch is None:
             return
+        items, groups, budgets = batch["items"], batch["groups"], batch["budgets"]
         results, flushed = [], time.monotonic()
-        for i, (prompt, completion) in enumerate(batch):
+        started: dict[int, float] = {}  # group -> when its first completion began here
+        for i, (prompt, completion) in enumerate(items):
             progress.value = i
-            try:
-                score = safe_score(task, prompt, completion)
-            except MemoryError:  # while building the Score itself
-                score = failed(MEMORY)
+            now = time.monotonic()
+            if now - started.setdefault(groups[i], now) > budgets[groups[i]]:
+                score = failed(GROUP_TIMEOUT)  # its group is out of time: not scored
+            else:
+                try:
+                    score = safe_score(task, prompt, completion)
+                except MemoryError:  # while building the Score itself
+                    score = failed(MEMORY)
             results.append({"reward": score.reward, "exact_match": score.exact_match,
                             "metrics": dict(score.metrics), "error": score.error})
-            if time.monotonic() - flushed >= FLUSH_S or i == len(batch) - 1:
+            if time.monotonic() - flushed >= FLUSH_S or i == len(items) - 1:
                 conn.send_bytes(json.dumps(results).encode())
                 results, flushed = [], time.monotonic()

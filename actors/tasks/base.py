@@ -92,9 +92,15 @@ class Task(Protocol):
     def score(self, prompt: Prompt, completion: Completion) -> float | Score:
         """Reward of one completion (runs in a reward worker process unless task.reward_workers=0).
 
-        Must be a plain function of its arguments: workers build their own copy of the task.
+        Must be a plain function of its arguments: workers build their own copy of the task,
+        unless the task has ``scoring()`` (below).
         """
         ...
+
+    # Optional: ``scoring(self) -> Callable[[Prompt, Completion], float | Score] | None``: a
+    # picklable function that scores like ``score`` from the prompt alone (its record is in
+    # Prompt.metadata). Reward workers then run it and never build the task, so a large dataset
+    # is read once, by the actor, not once per worker (the built-ins and RecordsTask have it).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +144,9 @@ def as_score(value: Any) -> Score:
     return Score(float(value))
 
 
-def completion_text(tokenizer: Any, ids: Sequence[int]) -> str:
-    """The ids up to (not including) the first EOS, decoded without special tokens."""
+def completion_text(tokenizer: Any, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """The ids up to (not including) the first EOS, decoded without special tokens (with them:
+    what stop strings are matched against, since a stop string may be one)."""
     eos = tokenizer.eos_id
     kept = []
     for t in ids:
@@ -147,6 +154,6 @@ def completion_text(tokenizer: Any, ids: Sequence[int]) -> str:
             break
         kept.append(int(t))
     try:
-        return tokenizer.decode(kept, skip_special_tokens=True)
+        return tokenizer.decode(kept, skip_special_tokens=skip_special_tokens)
     except TypeError:  # CharTokenizer renders specials visibly and takes no such flag
         return tokenizer.decode(kept)

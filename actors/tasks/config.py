@@ -42,6 +42,7 @@ class TaskConfig:
     max_ops: int = 3  # word_problems: operations per problem (+ - * exact /), drawn uniformly from 1..max_ops (at most 3)
     reward_workers: int = 2  # reward worker processes (spawned; time and memory limits); 0 = score inline in the actor, unguarded
     reward_timeout_s: float = 30.0  # per completion: a reward that runs longer scores 0 (counted) and its worker is replaced
+    reward_group_timeout_s: float = 300.0  # per group (worker pool): completions unscored when their group has scored this long score 0 ("group_timeout")
     reward_memory_mb: int = 2048  # address-space limit of each reward worker (RLIMIT_AS; 0 = none)
     reward_url: str = ""  # score on an HTTP reward server instead (POST one group per request; see docs/tasks.md)
     reward_concurrency: int = 8  # reward_url: requests in flight
@@ -67,6 +68,8 @@ class TaskConfig:
             raise ValueError(f"reward_workers: must be >= 0 (0 = inline), got {self.reward_workers}")
         if not self.reward_timeout_s > 0:
             raise ValueError(f"reward_timeout_s: must be > 0, got {self.reward_timeout_s}")
+        if not self.reward_group_timeout_s > 0:
+            raise ValueError(f"reward_group_timeout_s: must be > 0, got {self.reward_group_timeout_s}")
         if self.reward_memory_mb < 0:
             raise ValueError(f"reward_memory_mb: must be >= 0 (0 = no limit), got {self.reward_memory_mb}")
         if self.reward_memory_mb and self.reward_memory_mb < 256:

@@ -10,7 +10,6 @@ other records in a fresh seeded order each epoch, so prompt(index) is a pure fun
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -48,7 +47,7 @@ class JsonlMathTask:
         self._train_ids = sorted(order[cfg.heldout_size:].tolist())
         self._records = records
         self._encoded: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        self._references: dict[int, Any] = {}
+        self._reward = math_verifier.MathAnswerReward(cfg.answer_field)
         self._epoch_order: tuple[int, list[int]] | None = None
         # Lengths over every record: the stream may reach any of them.
         lengths = [self._encode(i) for i in range(n)]
@@ -104,13 +103,9 @@ class JsonlMathTask:
         """The fixed held-out set (a fresh list)."""
         return list(self._heldout)
 
-    def reference(self, prompt: Prompt):
-        """The parsed reference answer of a prompt's record (cached)."""
-        rid = self.record_id(prompt)
-        if rid not in self._references:
-            self._references[rid] = math_verifier.parse_reference(
-                str(self._records[rid][self.config.answer_field]))
-        return self._references[rid]
+    def reference(self, prompt: Prompt) -> math_verifier.Answer:
+        """The parsed reference answer of a prompt's record (cached by the verifier)."""
+        return math_verifier.parse_reference(str(prompt.metadata[self.config.answer_field]))
 
     def completion_text(self, completion: Sequence[int]) -> str:
         """The completion up to its first EOS, decoded without special tokens."""
@@ -121,9 +116,13 @@ class JsonlMathTask:
 
     def score(self, prompt: Prompt, completion: Completion) -> Score:
         """Reward 1.0 iff the final answer is equivalent to the reference; exact match is the same
-        verdict (one verifier call per completion)."""
-        ok = bool(math_verifier.is_equivalent(self.reference(prompt), completion.text))
-        return Score(1.0 if ok else 0.0, ok)
+        verdict (one verifier call per completion); metric verifier_refused."""
+        return self._reward(prompt, completion)
+
+    def scoring(self) -> math_verifier.MathAnswerReward:
+        """What reward workers run: the reward alone, which reads the answer from the prompt's
+        record (workers never load the dataset)."""
+        return self._reward
 
     def reward(self, prompt: Prompt, completion: Sequence[int]) -> float:
         """1.0 iff the completion's final answer is equivalent to the reference, else 0.0."""

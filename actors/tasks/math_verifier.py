@@ -1,122 +1,245 @@
 """Math answer verification on text: is the model's final answer equivalent to the reference?
 
-Uses Hugging Face's ``math-verify`` (LaTeX/expression parsing with SymPy): "0.5", "1/2",
-"\\frac{1}{2}" and "\\boxed{\\frac12}" are all the same answer.
+    verdict = check(parse_reference("#### 72"), completion_text)   # Verdict(equivalent, refused)
+    is_equivalent("1/2", "The answer is \\boxed{\\frac12}")         # True
 
-What model text can do here: math-verify hands LaTeX to latex2sympy and plain expressions to
-SymPy's ``parse_expr`` (which evaluates Python), but its expression pattern only lets digits,
-spaces, ``. + - * × / ÷ ^ ( )`` reach ``parse_expr``, so names (``__import__``, ``lambda``) never
-do; tests/actors/math_verifier_hostile_test.py holds it to that. What can still hurt is
-arithmetic: ``9**9**9**9`` parses in milliseconds and then makes ``verify`` compute a number
-with ~10^8 digits. So a parsed answer with a nested or large exponent, a large factorial or a
-huge literal is refused (``is_tame``) before ``verify`` sees it; and the JSONL task scores in the
-reward worker pool (actors/rewards/), whose time and memory limits bound anything this misses.
-math-verify's own timeouts use SIGALRM, which only works on a main thread, so they are off and
-the text is bounded in length instead.
+"0.5", "1/2", "\\frac{1}{2}" and "\\boxed{\\frac12}" are the same answer; GSM8K's "#### 72" and
+MATH's \\boxed{} both work. Which part of a completion is its final answer, in order: the last
+"#### X" (GSM8K's mark), the last \\boxed{} (or \\fbox{}), the first number or math span within 50
+characters after the last "answer", else the last number or math span in the text ($...$,
+\\(...\\), \\[...\\], a run of digits and operators, or a bare \\frac{}{} or \\sqrt{}). Each of
+these scans is linear in the text, and only the last MAX_COMPLETION_CHARS characters are read.
+
+What model text can do here: nothing runs. The answer is parsed by an allow-list (math_expr.py:
+numbers, arithmetic, fractions, roots, powers, a few functions) and every intermediate's size is
+estimated before it is computed, so scoring one completion is bounded in time wherever it runs
+(inline, in a reward worker, in ``cadence eval``). An answer outside the allow-list, or one whose
+value would be too big, is refused: it scores 0 and the refusal is counted (Verdict.refused; the
+math tasks report it as the metric ``verifier_refused``). A reference outside the allow-list (an
+interval, a word, a choice "(C)") is compared as normalized text.
 """
-
 from __future__ import annotations
 
-import logging
+import dataclasses
+import functools
 import re
 
-import math_verify
+from actors.tasks import math_expr
+from actors.tasks.base import Completion, Prompt, Score
+from actors.tasks.math_expr import Refused
 
-# Long runs of model text are where parsing gets slow; the final answer sits at the end.
+# The final answer sits at the end of a completion; reading only the end bounds every scan.
 MAX_COMPLETION_CHARS = 4000
-# Bounds on what verify() may compute: 10**1000 or 1000! are instant, 9**(9**9) is not.
-MAX_EXPONENT = 1000
-MAX_FACTORIAL = 1000
-MAX_INTEGER_DIGITS = 2000
-_GSM8K_MARK = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
+ANCHOR_WINDOW = 50  # "the answer is X": X must start this close to "answer"
+# A run of digits and operators (plain text answers such as "3/4" or "12 + 30 = 42"). One greedy
+# character class, so finditer is linear.
+_PLAIN_SPAN = re.compile(r"(?<![\w.])-?\(?\d[\d.,+\-*/^()×÷= ]*")
+_TRIM = " .,=+-*/^×÷"
+# A fraction or root written in LaTeX outside math delimiters ("it gives \frac{1}{2}.").
+_BARE_LATEX = re.compile(r"-?\\(?:[dt]?frac|sqrt)\{[^{}\s]{1,40}\}(?:\{[^{}\s]{1,40}\})?")
 
 
-def _drop_timeout_notice(record: logging.LogRecord) -> bool:
-    # math-verify warns on every first call that its timeout is off; that is deliberate here.
-    return "Timeout is disabled" not in record.getMessage()
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """A final answer: its text, and its allow-listed parse (None: refused, see ``refused``)."""
+
+    text: str  # "" when the text holds no answer
+    node: tuple | None = None
+    refused: str = ""  # "" or why the parse refused it: syntax | too_large
 
 
-for _name in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_name).addFilter(_drop_timeout_notice)
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    equivalent: bool
+    refused: str = ""  # "" or why the completion's answer was refused (syntax | too_large)
 
 
 def reference_answer(answer_text: str) -> str:
     """The part of a dataset's answer field to compare against.
 
-    GSM8K writes the solution then "#### 72": the number after "####" is the answer (commas
-    dropped). Anything else (MATH's solution with \\boxed{}, or a bare answer) is used whole.
+    GSM8K writes the solution then "#### 72": the text after the last "####" (its line, commas
+    dropped). MATH's solution: its last \\boxed{}. A field with $...$ math: the last span. Anything
+    else is the answer whole.
     """
-    mark = _GSM8K_MARK.search(answer_text)
-    if mark:
-        return mark.group(1).replace(",", "")
-    return answer_text
+    text = answer_text[-MAX_COMPLETION_CHARS:]
+    mark = _gsm8k_mark(text)
+    if mark is not None:
+        return mark
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed
+    if "$" in text or "\\(" in text or "\\[" in text:
+        span = _last_math_span(text)
+        if span is not None:
+            return span[2]
+    return text.strip()
 
 
-def parse_answer(text: str):
-    """math-verify's parse of text (last boxed / LaTeX / plain expression), no timeouts."""
-    return math_verify.parse(text[-MAX_COMPLETION_CHARS:], parsing_timeout=None)
+def _gsm8k_mark(text: str) -> str | None:
+    i = text.rfind("####")
+    if i < 0:
+        return None
+    return text[i + 4:].split("\n", 1)[0].strip().replace(",", "")
 
 
-def parse_reference(answer_text: str):
-    """Parsed reference answer of a dataset's answer field (see ``reference_answer``).
-
-    A bare reference such as "\\sqrt{2}/2" is LaTeX without delimiters, which math-verify only
-    reads inside "$...$", so it is wrapped first.
-    """
-    text = reference_answer(answer_text).strip()
-    if "$" not in text and "\\boxed" not in text:
-        text = f"${text}$"
-    return parse_answer(text)
-
-
-def _with_gsm8k_mark(completion: str) -> str:
-    # A model that learned GSM8K's format ends with "#### 72"; box it so it wins over earlier numbers.
-    mark = _GSM8K_MARK.search(completion)
-    return completion if not mark else completion + f" \\boxed{{{mark.group(1).replace(',', '')}}}"
-
-
-def is_tame(parsed) -> bool:
-    """False when a parsed answer holds arithmetic that would take verify() unbounded time.
-
-    Refused: an exponent that is itself a power or factorial or exceeds MAX_EXPONENT in magnitude,
-    a factorial of more than MAX_FACTORIAL, an integer literal longer than MAX_INTEGER_DIGITS.
-    """
-    import sympy
-
-    for item in parsed:
-        if not isinstance(item, sympy.Basic):
-            continue
-        for node in sympy.preorder_traversal(item):
-            if isinstance(node, sympy.Pow):
-                exp = node.exp
-                if exp.has(sympy.Pow, sympy.factorial, sympy.factorial2, sympy.gamma):
-                    return False
-                if any(abs(n) > MAX_EXPONENT for n in exp.atoms(sympy.Number)):
-                    return False
-            elif isinstance(node, (sympy.factorial, sympy.factorial2, sympy.gamma, sympy.subfactorial)):
-                arg = node.args[0]
-                if arg.has(sympy.Pow, sympy.factorial) or any(abs(n) > MAX_FACTORIAL
-                                                                for n in arg.atoms(sympy.Number)):
-                    return False
-            elif isinstance(node, sympy.Integer) and abs(int(node)).bit_length() > MAX_INTEGER_DIGITS * 3.33:
-                return False
-    return True
+def _last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} / \\fbox{...} (braces balanced; unclosed: to the end)."""
+    i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if i < 0:
+        return None
+    j = text.find("{", i)
+    if j < 0 or text[i:j].strip() not in ("\\boxed", "\\fbox"):
+        return None
+    depth = 0
+    for k in range(j, len(text)):
+        c = text[k]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[j + 1:k]
+    return text[j + 1:]
 
 
-def is_equivalent(reference, completion: str) -> bool:
-    """True iff the completion's final answer equals the reference answer.
+def _math_envs(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of $...$, $$...$$, \\(...\\), \\[...\\] spans, left to right; one pass."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n and text[i + 1] in "([":
+            close = "\\)" if text[i + 1] == "(" else "\\]"
+            j = text.find(close, i + 2)
+            if j < 0:
+                return out
+            out.append((i, j + 2, text[i + 2:j]))
+            i = j + 2
+        elif c == "\\":
+            i += 2  # an escaped character (\$ is a dollar sign, not math)
+        elif c == "$":
+            delim = "$$" if text.startswith("$$", i) else "$"
+            j = text.find(delim, i + len(delim))
+            while j > 0 and text[j - 1] == "\\":
+                j = text.find(delim, j + 1)
+            if j < 0:
+                return out
+            out.append((i, j + len(delim), text[i + len(delim):j]))
+            i = j + len(delim)
+        else:
+            i += 1
+    return out
 
-    Args:
-      reference: a parsed reference (``parse_reference(text)``) or the answer field's text.
-      completion: the decoded model completion.
 
-    Returns:
-      False for an empty or unparsable completion.
-    """
+def _plain_spans(text: str) -> list[tuple[int, int, str]]:
+    out = []
+    for m in _PLAIN_SPAN.finditer(text):
+        start, span = m.start(), m.group().rstrip(_TRIM)
+        if span.count("(") < span.count(")"):  # "(so 72)" or "is 7)": the bracket is prose
+            span = span.rstrip(")").rstrip(_TRIM)
+        if span.startswith("(") and span.count("(") > span.count(")"):
+            start, span = start + 1, span[1:]
+        if any(ch.isdigit() for ch in span):
+            out.append((start, start + len(span), span))
+    out += [(m.start(), m.end(), m.group()) for m in _BARE_LATEX.finditer(text)]
+    return out
+
+
+def _last_math_span(text: str):
+    spans = _math_envs(text) + _plain_spans(text)
+    return max(spans, key=lambda s: (s[1], -s[0]), default=None)
+
+
+def _anchored(text: str):
+    i = text.lower().rfind("answer")
+    if i < 0:
+        return None
+    rest = text[i + 6:]
+    spans = [s for s in _math_envs(rest) + _plain_spans(rest) if s[0] <= ANCHOR_WINDOW]
+    return min(spans, key=lambda s: (s[0], -s[1]), default=None)
+
+
+def final_answer(completion: str) -> str:
+    """The text of a completion's final answer ("" if it holds none); see the module docstring."""
+    text = completion[-MAX_COMPLETION_CHARS:]
+    for pick in (_gsm8k_mark, _last_boxed):
+        found = pick(text)
+        if found is not None:
+            return found
+    span = _anchored(text) or _last_math_span(text)
+    return "" if span is None else span[2]
+
+
+def _parse(text: str) -> Answer:
+    text = text.strip()
+    if not text:
+        return Answer("")
+    try:
+        return Answer(text, math_expr.parse(text))
+    except Refused as e:
+        return Answer(text, None, e.reason)
+    except RecursionError:
+        return Answer(text, None, "too_large")
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_reference(answer_text: str) -> Answer:
+    """The reference answer of a dataset's answer field (see ``reference_answer``), parsed."""
+    return _parse(reference_answer(answer_text))
+
+
+def parse_answer(completion: str) -> Answer:
+    """A completion's final answer (``final_answer``), parsed."""
+    return _parse(final_answer(completion))
+
+
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_TEXT_NOISE = re.compile(r"\\(?:left|right|[,;:! ])|\s|\$")
+
+
+def _as_text(answer: str) -> str:
+    """An answer as text for references outside the allow-list: wrappers, spaces, $ dropped."""
+    s = _TEXT_NOISE.sub("", _TEXT_WRAPPER.sub(r"\1", answer)).rstrip(".")
+    if len(s) == 3 and s[0] == "(" and s[2] == ")":  # a choice: "(C)" is "C"
+        s = s[1]
+    return s.lower()
+
+
+def check(reference: Answer | str, completion: str) -> Verdict:
+    """Is the completion's final answer the reference's? reference: a parsed reference
+    (``parse_reference``) or the answer field's text. Never raises for what the text holds."""
     gold = parse_reference(reference) if isinstance(reference, str) else reference
-    if not gold:
-        return False
-    pred = parse_answer(_with_gsm8k_mark(completion))
-    if not pred or not is_tame(pred):
-        return False
-    return bool(math_verify.verify(gold, pred, timeout_seconds=None))
+    if not gold.text:
+        return Verdict(False)
+    pred = parse_answer(completion)
+    if not pred.text:
+        return Verdict(False)
+    if gold.node is None:
+        return Verdict(_as_text(gold.text) == _as_text(pred.text))
+    if pred.node is None:
+        return Verdict(False, pred.refused)
+    try:
+        return Verdict(math_expr.same(gold.node, pred.node))
+    except Refused as e:
+        return Verdict(False, e.reason)
+    except (RecursionError, ArithmeticError, ValueError):
+        return Verdict(False, "too_large")
+
+
+def is_equivalent(reference: Answer | str, completion: str) -> bool:
+    """True iff the completion's final answer equals the reference answer (see ``check``)."""
+    return check(reference, completion).equivalent
+
+
+@dataclasses.dataclass(frozen=True)
+class MathAnswerReward:
+    """The math tasks' reward: 1.0 iff the completion's final answer is the one in the prompt's
+    record (``prompt.metadata[answer_field]``), exact match the same verdict, and the metric
+    ``verifier_refused`` (1.0 when the completion's answer was refused). It reads nothing but the
+    prompt, so reward workers run it without the dataset (Task.scoring)."""
+
+    answer_field: str = "answer"
+
+    def __call__(self, prompt: Prompt, completion: Completion) -> Score:
+        verdict = check(parse_reference(str(prompt.metadata[self.answer_field])), completion.text)
+        ok = verdict.equivalent
+        return Score(1.0 if ok else 0.0, ok, {"verifier_refused": 1.0 if verdict.refused else 0.0})

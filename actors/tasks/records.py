@@ -113,3 +113,9 @@ class RecordsTask:
 
     def score(self, prompt: Prompt, completion: Completion) -> float | Score:
         return self.reward_fn(prompt, completion)
+
+    def scoring(self):
+        """What reward workers run: the reward function alone, by reference (workers never read
+        the dataset); None for a lambda or a closure, which workers get by building the task."""
+        from actors.tasks.loading import function_ref
+        return function_ref(self.reward_fn)

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import importlib.util
-import os
-import sys
 from typing import Any, Callable
 
 from actors.tasks.config import BUILTIN_TASKS, TaskConfig
+from actors.tasks.loading import load_module as _load_module
 
 ENTRY_POINT_GROUP = "cadence.tasks"
 
@@ -51,25 +49,6 @@ def _word_problems(cfg, tokenizer):
 BUILTINS: dict[str, Callable[[TaskConfig, Any], Any]] = {
     "sort": _sort, "add_reversed": _add_reversed, "jsonl": _jsonl, "word_problems": _word_problems}
 assert set(BUILTINS) == set(BUILTIN_TASKS)
-
-
-def _load_module(spec: str):
-    if spec.endswith(".py"):  # a file anywhere: loaded under a name of its own
-        path = os.path.abspath(spec)
-        if not os.path.isfile(path):
-            raise ValueError(f"name: task file {spec!r} does not exist")
-        mod_name = "cadence_task_" + os.path.splitext(os.path.basename(path))[0]
-        if mod_name in sys.modules and getattr(sys.modules[mod_name], "__file__", None) == path:
-            return sys.modules[mod_name]
-        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[mod_name] = module
-        loader_spec.loader.exec_module(module)
-        return module
-    try:
-        return importlib.import_module(spec)
-    except ModuleNotFoundError as e:
-        raise ValueError(f"name: cannot import task module {spec!r} ({e}); is its folder on PYTHONPATH?") from None
 
 
 def resolve_factory(name: str) -> Callable[[TaskConfig, Any], Any]:
@@ -131,3 +110,4 @@ def task_factory(cfg: TaskConfig, tokenizer) -> Callable[[], Any]:
     """A picklable zero-argument callable that builds the same task (what reward workers run)."""
     import functools
     return functools.partial(make_task, cfg, tokenizer)
+

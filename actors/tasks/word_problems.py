@@ -54,7 +54,6 @@ class WordProblemsTask:
         self.config, self.tokenizer = cfg, tokenizer
         self.name = "word_problems"
         self.template = cfg.prompt_template or DEFAULT_TEMPLATE
-        self._references: dict[int, object] = {}
         self.max_prompt_len, self.max_completion_len = self._calibrate()
         # Held-out problems: sequential draws, repeats skipped, so a larger heldout_size extends
         # (never reshuffles) a smaller one.
@@ -127,16 +126,15 @@ class WordProblemsTask:
         """True iff the prompt's problem text is a held-out problem's."""
         return prompt.text in self._heldout_texts
 
-    def _reference(self, answer: int):
-        if answer not in self._references:
-            self._references[answer] = math_verifier.parse_reference(str(answer))
-        return self._references[answer]
-
     def score(self, prompt: Prompt, completion: Completion) -> Score:
         """Reward 1.0 iff the completion's final answer equals the problem's (exact match is the
-        same verdict); metric `formatted`: 1.0 iff it used \\boxed{} or "#### N"."""
-        ok = bool(math_verifier.is_equivalent(self._reference(int(prompt.metadata["answer"])), completion.text))
-        return Score(1.0 if ok else 0.0, ok, {"formatted": 1.0 if _FORMATTED.search(completion.text) else 0.0})
+        same verdict); metrics `formatted` (1.0 iff it used \\boxed{} or "#### N") and
+        `verifier_refused`."""
+        return _REWARD(prompt, completion)
+
+    def scoring(self) -> "WordProblemReward":
+        """What reward workers run: the reward alone (the answer is in prompt.metadata)."""
+        return _REWARD
 
     def completion_text(self, completion: Sequence[int]) -> str:
         """The completion up to its first EOS, decoded without special tokens."""
@@ -152,3 +150,15 @@ class WordProblemsTask:
     def exact_match(self, prompt: Prompt, completion: Sequence[int]) -> bool:
         """The same verdict as the reward (a correct final answer)."""
         return self.reward(prompt, completion) == 1.0
+
+
+class WordProblemReward(math_verifier.MathAnswerReward):
+    """The verifier's verdict on metadata["answer"], plus the metric `formatted`."""
+
+    def __call__(self, prompt: Prompt, completion: Completion) -> Score:
+        score = super().__call__(prompt, completion)
+        formatted = 1.0 if _FORMATTED.search(completion.text) else 0.0
+        return Score(score.reward, score.exact_match, {**score.metrics, "formatted": formatted})
+
+
+_REWARD = WordProblemReward("answer")

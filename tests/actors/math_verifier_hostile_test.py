@@ -104,9 +104,8 @@ class ScriptedEngine:
 def test_actor_verifies_each_completion_once(tok, monkeypatch):
     task = make_task(TaskConfig(name="jsonl", path=SAMPLE, heldout_size=3), tok)
     calls = []
-    real = math_verifier.math_verify.verify
-    monkeypatch.setattr(math_verifier.math_verify, "verify",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = math_verifier.check
+    monkeypatch.setattr(math_verifier, "check", lambda *a, **k: calls.append(1) or real(*a, **k))
     stream = PromptStream(task)
     prompts = stream.take(2)
     answers = [tok.encode(str(task._records[task.record_id(p)]["answer"]).split("####")[-1].strip())

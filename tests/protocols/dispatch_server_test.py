@@ -46,9 +46,13 @@ class Learner:
         self.gate.on_change = self.server.wake
 
 
+TASK = make_task(TaskConfig(name="sort", num_digits=3, heldout_size=4))
+
+
 def answer(grant, i):
     t = EngineTimings(queued_at=0, started_at=0, finished_at=0, generate_seconds=0, num_tokens=2, engine="jax")
-    return RolloutGroup(prompt_id=grant.prompt_ids[i], task="t", prompt_tokens=[1], completion_tokens=[[3]] * G,
+    tokens = list(TASK.prompt(grant.prompt_indices[i]).tokens)  # the granted prompt's
+    return RolloutGroup(prompt_id=grant.prompt_ids[i], task="t", prompt_tokens=tokens, completion_tokens=[[3]] * G,
                         behavior_logprobs=[[-1.0]] * G, rewards=[0.5] * G, policy_version=0, actor_id="c",
                         timings=t, grant_id=grant.grant_id)
 
@@ -114,9 +118,8 @@ def burst_the_learner_does_not_read(ctx, monkeypatch):
     assert c.wait_welcome(5) is not None
     grant = c.request(2500, threading.Event(), timeout=10)
     assert grant is not None and len(grant.prompt_ids) == 2500
-    base = answer(grant, 0)
-    groups = [msgspec.structs.replace(base, prompt_id=pid, completion_tokens=[[3] * 600] * G,
-                                      behavior_logprobs=[[-1.0] * 600] * G) for pid in grant.prompt_ids]
+    groups = [msgspec.structs.replace(answer(grant, i), completion_tokens=[[3] * 600] * G,
+                                      behavior_logprobs=[[-1.0] * 600] * G) for i in range(len(grant.prompt_ids))]
     with learner.server.lock:  # the dispatcher thread cannot read while we hold its lock
         assert c.send_groups(groups, grant)
         assert wait_for(lambda: len(c._out) > 0 and c._out[0] is not None, timeout=2)

@@ -46,7 +46,8 @@ class Rig:
 
     def group(self, grant, i, version=None):
         t = EngineTimings(queued_at=0, started_at=0, finished_at=0, generate_seconds=0, num_tokens=4, engine="jax")
-        return RolloutGroup(prompt_id=grant.prompt_ids[i], task="t", prompt_tokens=[1], completion_tokens=[[3, 2]] * G,
+        tokens = list(self.task.prompt(grant.prompt_indices[i]).tokens)  # the granted prompt's
+        return RolloutGroup(prompt_id=grant.prompt_ids[i], task="t", prompt_tokens=tokens, completion_tokens=[[3, 2]] * G,
                             behavior_logprobs=[[-1.0, -1.0]] * G, rewards=[1.0] * G, actor_id="x", timings=t,
                             policy_version=grant.version if version is None else version, grant_id=grant.grant_id)
 
@@ -151,8 +152,9 @@ def test_a_group_newer_than_the_learner_is_released_for_reissue():
     r = Rig(max_staleness=4)
     r.hello(A, "a")
     (_, grant), = r.request(A, "a", 1)
-    r.core.handle(A, r.group(grant, 0, version=7), 0)  # weights from a timeline a resume rolled back
-    assert not r.delivered and r.core.counts["future_version"] == 1
+    out = r.core.handle(A, r.group(grant, 0, version=7), 0)  # weights from a timeline a resume rolled back
+    assert not r.delivered and r.core.counts["bad_groups/future_version"] == 1
+    assert [type(m) for _, m in out] == [Control] and out[0][1].stop  # cut off: it rejoins as a new connection
     assert r.stream.pending_reissue == grant.prompt_indices
     r.ledger.verify(r.stream.position, r.stream.pending_reissue)
 
