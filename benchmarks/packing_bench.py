@@ -17,7 +17,6 @@ Prints one JSON line. Run: `python benchmarks/packing_bench.py [--repeats 3] [--
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import pathlib
 import statistics
@@ -35,6 +34,7 @@ from learner.models import llama  # noqa: E402
 from learner.models.config import ModelConfig  # noqa: E402
 from learner.packing import pack_microbatches, rows_per_microbatch  # noqa: E402
 from learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
+from learner.steps.scoring import llama_logits  # noqa: E402
 from protocols.testing import rollout_group  # noqa: E402
 
 GROUP, PAD, ROWS = 4, 0, 8
@@ -66,7 +66,7 @@ def main() -> None:
                        d_ff=int(args.d_model * 8 / 3) // 32 * 32, max_seq_len=PROMPT_MAX + COMPLETION_MAX)
     seq_len = -(-(PROMPT_MAX + COMPLETION_MAX) // 8) * 8  # launch.config.seq_len's rounding
     graphdef, params = llama.init_params(mcfg, 0)
-    fwd = functools.partial(llama.forward, graphdef)
+    fwd = llama_logits(graphdef, "none")  # what the learner uses: chunked log-probs (logits_chunk)
     groups = make_groups(args.batch // GROUP, mcfg.vocab_size)
     base = dict(batch_size=args.batch, microbatch_size=ROWS, group_size=GROUP)
     padded_step = GRPOTrainStep(fwd, LearnerConfig(**base))
@@ -86,7 +86,8 @@ def main() -> None:
         step, layout = sides[name]
         start = time.perf_counter()
         mbs, stats = layout()
-        _, metrics = step.update(states[name], mbs, stats["num_tokens"])  # metrics are host floats: synced
+        # the update donates the state's Adam moments: keep the state it returns
+        states[name], metrics = step.update(states[name], mbs, stats["num_tokens"])  # host floats: synced
         elapsed = time.perf_counter() - start
         info[name] = (len(mbs), stats)
         first_loss.setdefault(name, metrics["loss"])

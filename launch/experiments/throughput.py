@@ -68,7 +68,7 @@ def measure(base: Config, concurrencies, batch_sizes, repeats: int, min_seconds:
     # learner: real groups from the engine, as many as the largest batch needs
     groups = actor.step(stream.take(max(batch_sizes) // G))
     ts = make_train_step(policy.graphdef, base.learner, completion_budget=base.engine.max_new_tokens)
-    state = ts.init(policy.params)
+    state = {"s": ts.init(policy.params)}  # each update donates the moments: keep the newest state
     L = config_seq_len(base, task.max_prompt_len)
     learn = []
     for b in batch_sizes:
@@ -76,7 +76,7 @@ def measure(base: Config, concurrencies, batch_sizes, repeats: int, min_seconds:
         mbs, stats = build_microbatches(groups[: b // G], L, mb_size, policy.tokenizer.pad_id, base.learner.grpo)
 
         def step():
-            _, m = ts.update(state, mbs, stats["num_tokens"])  # update returns host floats: synced
+            state["s"], m = ts.update(state["s"], mbs, stats["num_tokens"])  # host floats: synced
             return m
 
         total, calls = _window(step, repeats, min_seconds)

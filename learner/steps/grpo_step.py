@@ -263,6 +263,9 @@ class GRPOTrainStep:
           microbatches: host (NumPy) microbatches from build_microbatches (any count; one shape).
           num_tokens: total completion tokens of the batch (stats["num_tokens"]).
 
+        The state's Adam moments are donated to the update: use the returned state afterwards,
+        not `state` (its params stay valid; they may still be sampled from).
+
         Returns:
           (new state, metrics as host floats): loss, pg_loss, grad_norm (before clipping),
           grad_norm_sq (of the accumulated gradient), microbatch_grad_norm_sq (list: squared norm
