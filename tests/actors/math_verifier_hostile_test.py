@@ -10,11 +10,9 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from actors.actor_loop import Actor
-from actors.engine import GenerationResult
 from actors.prompt_stream import PromptStream
 from actors.rewards.pool import RewardPool
 from actors.tasks import math_verifier
@@ -24,6 +22,7 @@ from actors.tasks.registry import make_task, task_factory
 from learner.models.hf_random import write_tiny_tokenizer
 from learner.models.hf_tokenizer import HFTokenizer
 from protocols.weights import InProcessWeights
+from tests.scripted_engine import ScriptedEngine
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "actors", "tasks", "data", "math_sample.jsonl")
 
@@ -83,22 +82,6 @@ def test_jsonl_task_scores_in_the_pool(tok):
         assert [(s.reward, s.exact_match, s.error) for s in scores] == [(1.0, True, ""), (0.0, False, "")]
     finally:
         pool.close()
-
-
-class ScriptedEngine:
-    """Returns fixed completions (the engine is not under test; the count of verifier calls is)."""
-
-    def __init__(self, rows):
-        self.rows = rows
-
-    def generate(self, params, prompts, key, greedy=False):
-        n, m = len(prompts), max(len(r) for r in self.rows)
-        tokens = np.zeros((n, m), np.int32)
-        lengths = np.zeros((n,), np.int32)
-        for i in range(n):
-            row = self.rows[i % len(self.rows)]
-            tokens[i, :len(row)], lengths[i] = row, len(row)
-        return GenerationResult(tokens, np.zeros((n, m), np.float32), lengths, 0.0, int(lengths.sum()))
 
 
 def test_actor_verifies_each_completion_once(tok, monkeypatch):

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from actors.actor_loop import Actor
-from actors.engine import GenerationResult
 from actors.rewards.remote import RemoteScorer
 from launch.actor_process import prepare
 from protocols.weights import InProcessWeights
+from tests.scripted_engine import ScriptedEngine
 
 TASK = '''
 import numpy as np
@@ -82,21 +82,6 @@ def judge():
     server.shutdown()
     server.server_close()
     thread.join(10)
-
-
-class ScriptedEngine:
-    """Answers each prompt with fixed ids (the engine is not under test; the reward path is)."""
-
-    def __init__(self, rows):
-        self.rows = rows
-
-    def generate(self, params, prompts, key, greedy=False):
-        n, m = len(prompts), max(len(r) for r in self.rows)
-        tokens = np.zeros((n, m), np.int32)
-        for i in range(n):
-            tokens[i, :len(self.rows[i % len(self.rows)])] = self.rows[i % len(self.rows)]
-        lengths = np.array([len(self.rows[i % len(self.rows)]) for i in range(n)], np.int32)
-        return GenerationResult(tokens, np.zeros((n, m), np.float32), lengths, 0.0, int(lengths.sum()))
 
 
 def test_reward_url_in_a_config_scores_an_actors_groups(judge, tmp_path):
