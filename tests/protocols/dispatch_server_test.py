@@ -104,20 +104,21 @@ def test_big_and_small_groups_alternate_intact_over_tcp(ctx):
 
 @contextlib.contextmanager
 def burst_the_learner_does_not_read(ctx, monkeypatch):
-    """Inside: the learner reads nothing while its actor has queued 2500 groups of ~38 KB, more
+    """Inside: the learner reads nothing while its actor has queued 4000 groups of ~38 KB, more
     than ZeroMQ's high-water marks (the actor's lowered to 10 messages, the learner's 1000) and the
-    kernel's buffers hold, with room to spare (with 1000 a side the kernel's buffers took nearly
-    all of it): messages wait in the client. Yields (learner, client, grant)."""
+    kernel's buffers hold (tcp_rmem can grow to 32 MB here: ~900 groups), with room to spare (with
+    1000 a side the kernel's buffers took nearly all of it, and 2500 once all drained on a loaded
+    machine): messages wait in the client. Yields (learner, client, grant)."""
     import protocols.dispatch_client as dispatch_client
     monkeypatch.setattr(dispatch_client, "client_socket",
                         functools.partial(dispatch_client.client_socket, hwm=10))
     learner = Learner(ctx, heartbeat_seconds=30.0, heartbeat_timeout_seconds=120.0)
     learner.gate.batch_size = 10_000  # room to admit the whole burst
-    c = DispatcherClient(learner.server.endpoint, "burst", 2500, ctx=ctx, heartbeat_seconds=30.0,
+    c = DispatcherClient(learner.server.endpoint, "burst", 4000, ctx=ctx, heartbeat_seconds=30.0,
                          learner_timeout_seconds=120.0).start()
     assert c.wait_welcome(5) is not None
-    grant = c.request(2500, threading.Event(), timeout=10)
-    assert grant is not None and len(grant.prompt_ids) == 2500
+    grant = c.request(4000, threading.Event(), timeout=10)
+    assert grant is not None and len(grant.prompt_ids) == 4000
     groups = [msgspec.structs.replace(answer(grant, i), completion_tokens=[[3] * 600] * G,
                                       behavior_logprobs=[[-1.0] * 600] * G) for i in range(len(grant.prompt_ids))]
     with learner.server.lock:  # the dispatcher thread cannot read while we hold its lock
