@@ -18,6 +18,7 @@ from actors.tasks.base import Completion, Prompt, Score
 from actors.tasks.config import TaskConfig
 from actors.tasks.records import read_jsonl
 from actors.tasks.scoring import truncate_at_eos
+from actors.tasks.text_prompt import check_text_tokenizer, encode_user_text
 
 
 class JsonlMathTask:
@@ -31,10 +32,7 @@ class JsonlMathTask:
     def __init__(self, cfg: TaskConfig, tokenizer) -> None:
         """cfg: a validated TaskConfig with name="jsonl"; tokenizer: the checkpoint's HFTokenizer."""
         cfg.validate()
-        if tokenizer is None:
-            raise ValueError("name: the jsonl task needs the checkpoint's tokenizer (set model.path)")
-        if cfg.format == "chat" and not hasattr(tokenizer, "apply_chat_template"):
-            raise ValueError("format: 'chat' needs a tokenizer with a chat template (set model.path)")
+        check_text_tokenizer(cfg, tokenizer, "jsonl")
         self.config, self.tokenizer = cfg, tokenizer
         self.name = "jsonl"
         records = read_jsonl(cfg.path, (cfg.prompt_field, cfg.answer_field), key="path")
@@ -61,12 +59,7 @@ class JsonlMathTask:
             return cached
         record, cfg, tok = self._records[record_id], self.config, self.tokenizer
         text = (cfg.prompt_template or "{prompt}").replace("{prompt}", str(record[cfg.prompt_field]))
-        if cfg.format == "chat":
-            messages = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else [])
-            tokens = tuple(tok.apply_chat_template([*messages, {"role": "user", "content": text}]))
-        else:
-            bos = () if tok.bos_id is None else (tok.bos_id,)
-            tokens = (*bos, *tok.encode(text))
+        tokens = encode_user_text(cfg, tok, text)
         answer = (*tok.encode(str(record[cfg.answer_field])), tok.eos_id)
         self._encoded[record_id] = (tokens, answer)
         return tokens, answer

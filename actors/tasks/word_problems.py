@@ -24,6 +24,7 @@ from actors.tasks import math_verifier
 from actors.tasks.base import Completion, Prompt, Score
 from actors.tasks.config import TaskConfig
 from actors.tasks.scoring import truncate_at_eos
+from actors.tasks.text_prompt import check_text_tokenizer, encode_user_text
 from actors.tasks.word_problem_gen import Problem, Tree, generate, solution
 
 DEFAULT_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -47,10 +48,7 @@ class WordProblemsTask:
     def __init__(self, cfg: TaskConfig, tokenizer) -> None:
         """cfg: a TaskConfig with name="word_problems"; tokenizer: the checkpoint's HFTokenizer."""
         cfg.validate()
-        if tokenizer is None:
-            raise ValueError("name: the word_problems task needs the checkpoint's tokenizer (set model.path)")
-        if cfg.format == "chat" and not hasattr(tokenizer, "apply_chat_template"):
-            raise ValueError("format: 'chat' needs a tokenizer with a chat template (set model.path)")
+        check_text_tokenizer(cfg, tokenizer, "word_problems")
         self.config, self.tokenizer = cfg, tokenizer
         self.name = "word_problems"
         self.template = cfg.prompt_template or DEFAULT_TEMPLATE
@@ -80,14 +78,8 @@ class WordProblemsTask:
         return generate(rng, rng.randint(1, self.config.max_ops))
 
     def _encode(self, problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        cfg, tok = self.config, self.tokenizer
-        text = self.template.replace("{prompt}", problem.text)
-        if cfg.format == "chat":
-            system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
-            tokens = tuple(tok.apply_chat_template([*system, {"role": "user", "content": text}]))
-        else:
-            bos = () if tok.bos_id is None else (tok.bos_id,)
-            tokens = (*bos, *tok.encode(text))
+        tok = self.tokenizer
+        tokens = encode_user_text(self.config, tok, self.template.replace("{prompt}", problem.text))
         return tokens, (*tok.encode(solution(problem.tree)), tok.eos_id)
 
     def _calibrate(self) -> tuple[int, int]:
