@@ -65,10 +65,10 @@ def main() -> None:
     train_s = statistics.median(r["learner/train_seconds"] for r in timed)
     tokens = statistics.median(r["tokens"] for r in timed)
     kind = jax.devices()[0].device_kind
+    from learner.models import llama
     from learner.models.config import ModelConfig
 
-    mcfg = ModelConfig(**shape)
-    n = _param_count(mcfg)
+    n = llama.count_params(llama.abstract_params(ModelConfig(**shape))[1])
     peak = PEAK_TFLOPS.get(kind)
     mfu = (6 * n * tokens / train_s / (peak * 1e12)) if peak else None
     print(json.dumps({
@@ -85,13 +85,6 @@ def main() -> None:
         "peak_device_bytes": peak_bytes(),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }))
-
-
-def _param_count(cfg) -> int:
-    d, f, v, layers = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.n_layers
-    hd = d // cfg.n_heads
-    attn = d * hd * (cfg.n_heads * 2 + cfg.n_kv_heads * 2)
-    return v * d * (1 if cfg.tie_embeddings else 2) + layers * (attn + 3 * d * f + 2 * d) + d
 
 
 if __name__ == "__main__":
