@@ -29,11 +29,11 @@ from typing import Any
 
 import jax
 
-from actors.env_runner import EnvRunner
-from actors.episodes import build_groups, generate_rollouts
-from actors.rewards import InlineScorer, Scorer, score_rollouts
-from actors.tasks.base import Prompt, Task
-from protocols.messages import EngineTimings, Grant, RolloutGroup
+from cadence.actors.env_runner import EnvRunner
+from cadence.actors.episodes import build_groups, generate_rollouts
+from cadence.actors.rewards import InlineScorer, Scorer, score_rollouts
+from cadence.actors.tasks.base import Prompt, Task
+from cadence.protocols.messages import EngineTimings, Grant, RolloutGroup
 
 
 @dataclasses.dataclass

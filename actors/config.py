@@ -6,7 +6,7 @@ import ipaddress
 import os
 from typing import Literal
 
-from actors.sglang.server import CPU_ARGS
+from cadence.actors.sglang.server import CPU_ARGS
 
 
 def is_loopback(host: str) -> bool:
@@ -147,7 +147,7 @@ class ActorsConfig:
             raise ValueError(f"keys_dir: {os.path.join(self.keys_dir, 'server.key_secret')} does not exist "
                              f"(write a key set with `cadence keys {self.keys_dir}`)")
         if self.listen:
-            from protocols.zmq_transport import SecurityError, check_bind
+            from cadence.protocols.zmq_transport import SecurityError, check_bind
 
             try:
                 check_bind(self.listen, bool(self.keys_dir), "keys_dir")

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from learner.models import llama
-from learner.models.config import ModelConfig
+from cadence.learner.models import llama
+from cadence.learner.models.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,10 +44,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from actors.env_runner import EnvRunner, Outcome
-from actors.rewards.scoring import ENV_ERROR, make_completion
-from actors.tasks.base import Prompt, Score, Step, completion_text, is_multi_turn
-from protocols.messages import EngineTimings, RolloutGroup
+from cadence.actors.env_runner import EnvRunner, Outcome
+from cadence.actors.rewards.scoring import ENV_ERROR, make_completion
+from cadence.actors.tasks.base import Prompt, Score, Step, completion_text, is_multi_turn
+from cadence.protocols.messages import EngineTimings, RolloutGroup
 
 ENV_TIMEOUT = "env_timeout"  # an environment call ran past task.env_timeout_s (the episode ends there)
 _DEFAULT_RUNNER: EnvRunner | None = None

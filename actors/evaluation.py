@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from actors.episodes import generate_rollouts
-from actors.rewards.scoring import InlineScorer, Scorer, failures_as_misses, score_rollouts
-from actors.tasks.base import Prompt
+from cadence.actors.episodes import generate_rollouts
+from cadence.actors.rewards.scoring import InlineScorer, Scorer, failures_as_misses, score_rollouts
+from cadence.actors.tasks.base import Prompt
 
 
 def evaluate_heldout(engine, task, params, prompts: Sequence[Prompt] | None = None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from actors.tasks.base import Prompt, Task
+from cadence.actors.tasks.base import Prompt, Task
 
 
 class PromptStream:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from learner.models.named_arrays import ParamLayout
-from protocols.weights_wire import WeightClient
+from cadence.learner.models.named_arrays import ParamLayout
+from cadence.protocols.weights_wire import WeightClient
 
 
 class RemoteWeights:

@@ -48,7 +48,7 @@ def run_once(name: str, overrides: list[str], seed: int, max_steps: int, workdir
                         f"run.stop_at_exact_match={TARGET}", "run.progress=false",
                         f"learner.seed={seed}", f"actors.seed={seed}", f"task.seed={seed}"]
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_ENABLE_COMPILATION_CACHE="false")
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", *args], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", *args], capture_output=True,
                          text=True, env=env, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"{name} seed {seed} failed:\n{out.stderr[-3000:]}")

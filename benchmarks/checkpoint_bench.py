@@ -27,11 +27,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from learner.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
-from learner.config import OptimizerConfig  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
-from learner.models.llama import count_params, init_params, token_logprobs  # noqa: E402
-from learner.optimizer import make_optimizer  # noqa: E402
+from cadence.learner.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
+from cadence.learner.config import OptimizerConfig  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.models.llama import count_params, init_params, token_logprobs  # noqa: E402
+from cadence.learner.optimizer import make_optimizer  # noqa: E402
 
 
 def stall(repeats: int = 5) -> dict:
@@ -81,8 +81,8 @@ def stall(repeats: int = 5) -> dict:
 
 def long_run_ledger(steps: int = 100_000, groups: int = 16):
     """The ledger of a run of `steps` updates, through issue -> queue -> consume; 32 groups queued."""
-    from protocols.ledger import SampleLedger
-    from protocols.messages import EngineTimings, RolloutGroup
+    from cadence.protocols.ledger import SampleLedger
+    from cadence.protocols.messages import EngineTimings, RolloutGroup
 
     class P:
         __slots__ = ("prompt_id", "index")
@@ -111,7 +111,7 @@ def long_run_ledger(steps: int = 100_000, groups: int = 16):
 def sigterm_to_exit() -> float:
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, PYTHONPATH=ROOT)
-        p = subprocess.Popen([sys.executable, "-m", "launch.cli", "train", f"run.dir={d}/run", "run.steps=100000",
+        p = subprocess.Popen([sys.executable, "-m", "cadence.launch.cli", "train", f"run.dir={d}/run", "run.steps=100000",
                               "run.progress=false", "run.eval_every=0"], env=env, cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         metrics = os.path.join(d, "run", "metrics.jsonl")

@@ -19,8 +19,8 @@ import msgspec
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from protocols.codec import decode, encode  # noqa: E402
-from protocols.messages import EngineTimings, RolloutGroup  # noqa: E402
+from cadence.protocols.codec import decode, encode  # noqa: E402
+from cadence.protocols.messages import EngineTimings, RolloutGroup  # noqa: E402
 
 SHAPES = ((8, 8), (16, 1024))  # (completions G, tokens per completion T)
 

@@ -26,9 +26,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench_timing import median_seconds  # noqa: E402  (benchmarks/ is the script's own dir)
 
-from actors.engine import EngineConfig, JaxEngine  # noqa: E402
-from learner.models import llama  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
+from cadence.actors.engine import EngineConfig, JaxEngine  # noqa: E402
+from cadence.learner.models import llama  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
 
 BATCH, PROMPT_LEN, NEW_TOKENS = 128, 8, 8
 

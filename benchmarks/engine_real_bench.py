@@ -45,9 +45,9 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from actors.engine import EngineConfig, JaxEngine  # noqa: E402
-from learner.models import hf_load  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
+from cadence.actors.engine import EngineConfig, JaxEngine  # noqa: E402
+from cadence.learner.models import hf_load  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
 
 NEW_TOKENS = 256
 SMOLLM2_SHAPE = ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, d_ff=1536,
@@ -178,7 +178,7 @@ def main() -> None:
     real = not args.random and is_checkpoint(path)
     tmp = None
     if not real:
-        from learner.models.hf_random import write_random_checkpoint
+        from cadence.learner.models.hf_random import write_random_checkpoint
 
         tmp = tempfile.TemporaryDirectory(prefix="smollm2-random-")
         path = pathlib.Path(tmp.name)

@@ -28,12 +28,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from bench_timing import median_seconds  # noqa: E402
 from learner_bench import BATCH, GROUP, MICROBATCH, PAD, SEQ_LEN, bare_update, make_groups  # noqa: E402
 
-from learner.algorithms.grpo import grpo_token_loss  # noqa: E402
-from learner.batching import build_microbatches, pack_microbatch  # noqa: E402
-from learner.config import LearnerConfig  # noqa: E402
-from learner.models import llama  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
-from learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
+from cadence.learner.algorithms.grpo import grpo_token_loss  # noqa: E402
+from cadence.learner.batching import build_microbatches, pack_microbatch  # noqa: E402
+from cadence.learner.config import LearnerConfig  # noqa: E402
+from cadence.learner.models import llama  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
 
 
 class ExactEntropyStep(GRPOTrainStep):

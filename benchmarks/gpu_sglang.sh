@@ -30,12 +30,12 @@ for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT/health_generate" >/dev/
 XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" - "$PORT" "$MODEL" "$CONC" <<'PYEOF'
 import json, os, sys, time
 import jax.numpy as jnp, numpy as np
-from actors.config import SGLangConfig
-from actors.sglang.engine import SGLangEngine
-from learner.algorithms.logprobs import token_logprobs_and_entropy
-from learner.models.hf_export import hf_tensors
-from learner.models.hf_load import load_checkpoint
-from learner.models.llama import forward
+from cadence.actors.config import SGLangConfig
+from cadence.actors.sglang.engine import SGLangEngine
+from cadence.learner.algorithms.logprobs import token_logprobs_and_entropy
+from cadence.learner.models.hf_export import hf_tensors
+from cadence.learner.models.hf_load import load_checkpoint
+from cadence.learner.models.llama import forward
 port, model, conc = sys.argv[1], sys.argv[2], int(sys.argv[3])
 bench = json.loads(open("/tmp/gpu_sglang_bench.jsonl").read().strip().splitlines()[-1])
 model_cfg, graphdef, params = load_checkpoint(model)

@@ -36,7 +36,7 @@ def _phase(name: str, ckpt: str, out: str) -> dict:
     import jax  # noqa: F401  (imported before the baseline so both phases pay it equally)
     from safetensors import safe_open
 
-    from learner.models import hf_export, hf_load
+    from cadence.learner.models import hf_export, hf_load
 
     base = _rss_mb()
     t0 = time.perf_counter()
@@ -82,9 +82,9 @@ def main() -> None:
         print(json.dumps(_phase(args.phase, args.ckpt, args.out)))
         return
 
-    from learner.models.config import ModelConfig
-    from learner.models.hf_random import write_random_checkpoint
-    from learner.models.llama import count_params, init_params
+    from cadence.learner.models.config import ModelConfig
+    from cadence.learner.models.hf_random import write_random_checkpoint
+    from cadence.learner.models.llama import count_params, init_params
 
     cfg = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=12,
                       n_kv_heads=4, d_ff=args.d_ff, max_seq_len=4096, qkv_bias=True)

@@ -48,14 +48,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench_timing import median_seconds  # noqa: E402  (benchmarks/ is the script's own dir)
 
-from learner import sharding  # noqa: E402
-from learner.batching import build_microbatches  # noqa: E402
-from learner.config import LearnerConfig, MeshConfig  # noqa: E402
-from learner.models import llama  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
-from learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
-from protocols.messages import RolloutGroup  # noqa: E402
-from protocols.testing import rollout_group  # noqa: E402
+from cadence.learner import sharding  # noqa: E402
+from cadence.learner.batching import build_microbatches  # noqa: E402
+from cadence.learner.config import LearnerConfig, MeshConfig  # noqa: E402
+from cadence.learner.models import llama  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
+from cadence.protocols.messages import RolloutGroup  # noqa: E402
+from cadence.protocols.testing import rollout_group  # noqa: E402
 
 SEQ_LEN, PROMPT_LEN, BATCH, MICROBATCH, GROUP = 16, 6, 128, 32, 8
 PAD = 0

@@ -50,14 +50,14 @@ def main() -> None:
     p.add_argument("--updates", type=int, default=2)
     args = p.parse_args()
 
-    from launch.host_memory import fix_mmap_threshold
-    from learner import packing
-    from learner.batching import build_microbatches
-    from learner.config import LearnerConfig
-    from learner.models import llama
-    from learner.models.config import ModelConfig
-    from learner.steps.grpo_step import GRPOTrainStep
-    from learner.steps.scoring import llama_logits
+    from cadence.launch.host_memory import fix_mmap_threshold
+    from cadence.learner import packing
+    from cadence.learner.batching import build_microbatches
+    from cadence.learner.config import LearnerConfig
+    from cadence.learner.models import llama
+    from cadence.learner.models.config import ModelConfig
+    from cadence.learner.steps.grpo_step import GRPOTrainStep
+    from cadence.learner.steps.scoring import llama_logits
 
     mmap_fixed = fix_mmap_threshold()  # what `cadence train` does at start
     rss0, _ = resident_mb()

@@ -32,14 +32,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench_timing import median_seconds  # noqa: E402
 
-from learner import packing, sharding  # noqa: E402
-from learner.batching import build_microbatches  # noqa: E402
-from learner.config import LearnerConfig, MeshConfig  # noqa: E402
-from learner.models import llama  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
-from learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
-from learner.steps.scoring import llama_logits  # noqa: E402
-from protocols.testing import rollout_group  # noqa: E402
+from cadence.learner import packing, sharding  # noqa: E402
+from cadence.learner.batching import build_microbatches  # noqa: E402
+from cadence.learner.config import LearnerConfig, MeshConfig  # noqa: E402
+from cadence.learner.models import llama  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
+from cadence.learner.steps.scoring import llama_logits  # noqa: E402
+from cadence.protocols.testing import rollout_group  # noqa: E402
 
 # Llama-shaped (RMSNorm, RoPE, SwiGLU, GQA, tied embeddings) at the sizes of Qwen2.5-0.5B / 1.5B.
 PRESETS = {

@@ -37,7 +37,7 @@ PROMPT = 64  # prompt tokens per row; the rest of the row is completion (scored)
 
 
 def model_config(shape: str, layers: int):
-    from learner.models.config import ModelConfig
+    from cadence.learner.models.config import ModelConfig
 
     if shape == "builtin":
         return ModelConfig()
@@ -48,7 +48,7 @@ def model_config(shape: str, layers: int):
 def microbatch(batch: int, seq: int, vocab: int):
     import numpy as np
 
-    from learner.batching import Microbatch
+    from cadence.learner.batching import Microbatch
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(3, vocab, size=(batch, seq)).astype(np.int32)
@@ -73,9 +73,9 @@ def _setup(args, chunk: int):
     compile seconds) of one variant."""
     import jax
 
-    from learner.config import LearnerConfig
-    from learner.models import llama
-    from learner.steps import make_train_step
+    from cadence.learner.config import LearnerConfig
+    from cadence.learner.models import llama
+    from cadence.learner.steps import make_train_step
 
     mcfg = model_config(args.shape, args.layers)
     graphdef, params = llama.init_params(mcfg, 0)
@@ -108,7 +108,7 @@ def child(args) -> dict:
     one gradient, for the process's peak RSS."""
     import jax
 
-    from learner.models import llama
+    from cadence.learner.models import llama
 
     rss_before = rss_mb()
     compiled, call, step, mcfg, compile_s = _setup(args, args.logits_chunk)

@@ -28,14 +28,14 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from learner.batching import build_microbatches  # noqa: E402
-from learner.config import LearnerConfig  # noqa: E402
-from learner.models import llama  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
-from learner.packing import pack_microbatches, rows_per_microbatch  # noqa: E402
-from learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
-from learner.steps.scoring import llama_logits  # noqa: E402
-from protocols.testing import rollout_group  # noqa: E402
+from cadence.learner.batching import build_microbatches  # noqa: E402
+from cadence.learner.config import LearnerConfig  # noqa: E402
+from cadence.learner.models import llama  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.packing import pack_microbatches, rows_per_microbatch  # noqa: E402
+from cadence.learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
+from cadence.learner.steps.scoring import llama_logits  # noqa: E402
+from cadence.protocols.testing import rollout_group  # noqa: E402
 
 GROUP, PAD, ROWS = 4, 0, 8
 PROMPT_MIN, PROMPT_MAX, COMPLETION_MIN, COMPLETION_MAX = 16, 48, 30, 512

@@ -29,8 +29,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from launch.ray_status import last_metrics  # noqa: E402
-from launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, enter_private_network  # noqa: E402
+from cadence.launch.ray_status import last_metrics  # noqa: E402
+from cadence.launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, enter_private_network  # noqa: E402
 from time_to_target import TARGET, run_once  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def run_ray(address: str, seed: int, max_steps: int, workdir: str) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_ENABLE_COMPILATION_CACHE="false")
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "launch", "ray", "--address", address, *args],
+        proc = subprocess.Popen([sys.executable, "-m", "cadence.launch.cli", "launch", "ray", "--address", address, *args],
                                 stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
         first_step = None
         while proc.poll() is None and first_step is None:  # the command's start -> the first update's metrics line

@@ -15,10 +15,10 @@ import time
 
 import numpy as np
 
-from actors.rewards.pool import RewardPool
-from actors.rewards.scoring import InlineScorer, make_completion
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task, task_factory
+from cadence.actors.rewards.pool import RewardPool
+from cadence.actors.rewards.scoring import InlineScorer, make_completion
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task, task_factory
 
 
 def main() -> None:

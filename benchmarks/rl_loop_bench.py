@@ -42,7 +42,7 @@ def main() -> None:
 
     import jax
 
-    from launch.cli import main as cadence
+    from cadence.launch.cli import main as cadence
 
     shape = PRESETS[args.preset]
     run_dir = tempfile.mkdtemp(prefix="rl-loop-")
@@ -65,8 +65,8 @@ def main() -> None:
     train_s = statistics.median(r["learner/train_seconds"] for r in timed)
     tokens = statistics.median(r["tokens"] for r in timed)
     kind = jax.devices()[0].device_kind
-    from learner.models import llama
-    from learner.models.config import ModelConfig
+    from cadence.learner.models import llama
+    from cadence.learner.models.config import ModelConfig
 
     n = llama.count_params(llama.abstract_params(ModelConfig(**shape))[1])
     peak = PEAK_TFLOPS.get(kind)

@@ -24,14 +24,14 @@ import aiohttp
 import jax.numpy as jnp
 import numpy as np
 
-from actors.config import SGLangConfig
-from actors.sglang.checkpoint import export_for_server
-from actors.sglang.engine import SGLangEngine
-from actors.sglang.server import CPU_ARGS
-from actors.sglang.testing import sglang_python, tiny_server_model
-from learner.algorithms.logprobs import token_logprobs_and_entropy
-from learner.models.config import ModelConfig
-from learner.models.llama import count_params, forward, init_params
+from cadence.actors.config import SGLangConfig
+from cadence.actors.sglang.checkpoint import export_for_server
+from cadence.actors.sglang.engine import SGLangEngine
+from cadence.actors.sglang.server import CPU_ARGS
+from cadence.actors.sglang.testing import sglang_python, tiny_server_model
+from cadence.learner.algorithms.logprobs import token_logprobs_and_entropy
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.llama import count_params, forward, init_params
 
 MODELS = {
     "tiny": tiny_server_model(),  # what sglang-jax serves on 2 CPU cores

@@ -40,7 +40,7 @@ def process_seconds(code: str) -> float:
 
 
 def first_step(run_dir: str, cache: str, steps: int, extra: list[str]) -> dict:
-    args = [sys.executable, "-m", "launch.cli", "train", f"run.dir={run_dir}", f"run.steps={steps}",
+    args = [sys.executable, "-m", "cadence.launch.cli", "train", f"run.dir={run_dir}", f"run.steps={steps}",
             "run.eval_every=0", "run.progress=false", f"run.jax_cache={cache}", *extra]
     metrics = os.path.join(run_dir, "metrics.jsonl")
     t0 = time.perf_counter()

@@ -53,7 +53,7 @@ def run_once(setup: str, seed: int, max_steps: int, workdir: str, lr: float | No
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
                JAX_ENABLE_COMPILATION_CACHE="false")
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", *args], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", *args], capture_output=True,
                          text=True, env=env, cwd=ROOT)
     process_seconds = time.perf_counter() - t0
     if out.returncode != 0:

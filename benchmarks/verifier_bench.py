@@ -20,7 +20,7 @@ import re
 import statistics
 import time
 
-from actors.tasks import math_verifier
+from cadence.actors.tasks import math_verifier
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "actors", "tasks", "data", "math_sample.jsonl")
 PROSE = ("Let me work through this step by step. First I read the problem carefully and write down "

@@ -56,7 +56,7 @@ def random_params(cfg):
     import jax
     import jax.numpy as jnp
 
-    from learner.models.llama import abstract_params
+    from cadence.learner.models.llama import abstract_params
 
     @functools.partial(jax.jit, static_argnums=(1, 2))
     def normal(key, shape, dtype):
@@ -116,7 +116,7 @@ def logits_kl(port: int, graphdef, params, vocab: int, batch: int = 4, length: i
     import jax.numpy as jnp
     import numpy as np
 
-    from learner.models.llama import forward
+    from cadence.learner.models.llama import forward
 
     tokens = np.random.default_rng(0).integers(0, vocab, size=(batch, length))
     req = urllib.request.Request(f"http://127.0.0.1:{port}/stand_in/logits.npy",
@@ -167,14 +167,14 @@ def main() -> None:
 
     import jax
 
-    from actors.config import SGLangConfig
-    from actors.sglang.engine import SGLangEngine
-    from actors.sglang.server import free_port
-    from actors.sglang.weight_broadcast import UpdateGroup, bucket_tensors, plan_buckets, sent_nbytes
-    from learner.models import hf_config
-    from learner.models.config import ModelConfig
-    from learner.models.hf_export import hf_tensors
-    from learner.models.llama import count_params
+    from cadence.actors.config import SGLangConfig
+    from cadence.actors.sglang.engine import SGLangEngine
+    from cadence.actors.sglang.server import free_port
+    from cadence.actors.sglang.weight_broadcast import UpdateGroup, bucket_tensors, plan_buckets, sent_nbytes
+    from cadence.learner.models import hf_config
+    from cadence.learner.models.config import ModelConfig
+    from cadence.learner.models.hf_export import hf_tensors
+    from cadence.learner.models.llama import count_params
 
     if args.preset:
         cfg = ModelConfig(**PRESETS[args.preset])

@@ -35,8 +35,8 @@ SIZES = {  # ModelConfig overrides: ~1M and ~25M parameters
 
 def model(size: str):
     import dataclasses
-    from learner.models.config import ModelConfig
-    from learner.models.llama import init_params
+    from cadence.learner.models.config import ModelConfig
+    from cadence.learner.models.llama import init_params
     cfg = dataclasses.replace(ModelConfig(), **SIZES[size])
     return init_params(cfg, 0)
 
@@ -45,8 +45,8 @@ def _ours(endpoint, size, rounds, ready, go, done):
     """What RemoteWeights.ensure does, timed in its two halves: bytes in, JAX arrays built."""
     import jax
     import zmq
-    from learner.models.named_arrays import ParamLayout
-    from protocols.weights_wire import WeightClient
+    from cadence.learner.models.named_arrays import ParamLayout
+    from cadence.protocols.weights_wire import WeightClient
     _, template = model(size)
     layout = ParamLayout(template)
     client = WeightClient(endpoint, ctx=zmq.Context())
@@ -92,8 +92,8 @@ class Ours:
 
     def __init__(self, size, rounds, actors=2):
         import zmq
-        from learner.models.named_arrays import ParamLayout
-        from protocols.weights_wire import WeightServer
+        from cadence.learner.models.named_arrays import ParamLayout
+        from cadence.protocols.weights_wire import WeightServer
         _, self.params = model(size)
         self.layout = ParamLayout(self.params)
         self.ctx = zmq.Context()
@@ -126,7 +126,7 @@ class Raw:
 
     def __init__(self, size, rounds, actors=2):
         import zmq
-        from learner.models.named_arrays import named_arrays
+        from cadence.learner.models.named_arrays import named_arrays
         _, params = model(size)
         self.frames = [a.tobytes() for _, a in named_arrays(params)]
         self.ctx = zmq.Context()

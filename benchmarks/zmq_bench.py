@@ -60,8 +60,8 @@ def _send_raw(endpoint, payload, n):
 
 def _send_transport(endpoint, shape, n):
     from codec_bench import make_group
-    from protocols.codec import Codec
-    from protocols.zmq_transport import ZmqTransport
+    from cadence.protocols.codec import Codec
+    from cadence.protocols.zmq_transport import ZmqTransport
     group, codec = make_group(*shape), Codec()
     t = ZmqTransport(endpoint, "push", bind=False)
     for _ in range(n):
@@ -74,8 +74,8 @@ def _send_transport(endpoint, shape, n):
 def _send_dispatch(endpoint, shape, n, keys_dir=""):
     import zmq
     from codec_bench import make_group
-    from protocols.dispatch_client import DispatcherClient
-    from protocols.zmq_transport import CurveKeys
+    from cadence.protocols.dispatch_client import DispatcherClient
+    from cadence.protocols.zmq_transport import CurveKeys
     ctx = zmq.Context()
     keys = CurveKeys.load(keys_dir) if keys_dir else None
     c = DispatcherClient(endpoint, "bench", n, ctx=ctx, keys=keys).start()
@@ -84,7 +84,7 @@ def _send_dispatch(endpoint, shape, n, keys_dir=""):
     grant = c.request(n, stop, timeout=30)
     base = make_group(*shape)
     fields = {f: getattr(base, f) for f in base.__struct_fields__}
-    from protocols.messages import RolloutGroup
+    from cadence.protocols.messages import RolloutGroup
     task = _bench_task()
     groups = [RolloutGroup(**{**fields, "prompt_id": pid, "grant_id": grant.grant_id, "policy_version": 0,
                               "prompt_tokens": list(task.prompt(i).tokens)})  # the granted prompt's
@@ -98,8 +98,8 @@ def _send_dispatch(endpoint, shape, n, keys_dir=""):
 
 
 def _bench_task():
-    from actors.tasks.config import TaskConfig
-    from actors.tasks.registry import make_task
+    from cadence.actors.tasks.config import TaskConfig
+    from cadence.actors.tasks.registry import make_task
     return make_task(TaskConfig(name="sort", num_digits=6, heldout_size=4))
 
 
@@ -139,8 +139,8 @@ def bench_raw(payload, n, cap, best=False):
 
 
 def bench_transport(shape, n, cap):
-    from protocols.codec import Codec
-    from protocols.zmq_transport import ZmqTransport
+    from cadence.protocols.codec import Codec
+    from cadence.protocols.zmq_transport import ZmqTransport
     codec = Codec()
     t = ZmqTransport("tcp://127.0.0.1:0", "pull", bind=True)
     p = mp.get_context("spawn").Process(target=_send_transport, args=(t.endpoint, shape, n))
@@ -158,7 +158,7 @@ def bench_transport(shape, n, cap):
 
 def _listen(scheme: str, workdir: str):
     """(endpoint to bind, keys or None, keys_dir for the peer) for one --auth setup."""
-    from protocols.zmq_transport import private_dir, write_keys
+    from cadence.protocols.zmq_transport import private_dir, write_keys
     if scheme == "tcp":
         return "tcp://127.0.0.1:0", None, ""
     if scheme == "tcp_curve":
@@ -169,13 +169,13 @@ def _listen(scheme: str, workdir: str):
 
 def bench_dispatch(shape, n, cap, scheme="tcp"):
     import zmq
-    from actors.prompt_stream import PromptStream
-    from protocols.admission import AdmissionGate
-    from protocols.dispatch import Dispatcher, DispatchSettings
-    from protocols.dispatch_server import DispatchServer
-    from protocols.ledger import SampleLedger
-    from protocols.transport import InProcessTransport
-    from protocols.zmq_transport import stop_authenticator
+    from cadence.actors.prompt_stream import PromptStream
+    from cadence.protocols.admission import AdmissionGate
+    from cadence.protocols.dispatch import Dispatcher, DispatchSettings
+    from cadence.protocols.dispatch_server import DispatchServer
+    from cadence.protocols.ledger import SampleLedger
+    from cadence.protocols.transport import InProcessTransport
+    from cadence.protocols.zmq_transport import stop_authenticator
     G = shape[0]
     queue = InProcessTransport()
     stream = PromptStream(_bench_task())
@@ -201,8 +201,8 @@ WEIGHT_ARRAYS, WEIGHT_MB = 4, 16  # 64 MB in frames of 16 MB (WeightServer's chu
 
 def _fetch_weights(endpoint, keys_dir, rounds, out):
     import zmq
-    from protocols.weights_wire import WeightClient
-    from protocols.zmq_transport import CurveKeys
+    from cadence.protocols.weights_wire import WeightClient
+    from cadence.protocols.zmq_transport import CurveKeys
     client = WeightClient(endpoint, ctx=zmq.Context(), keys=CurveKeys.load(keys_dir) if keys_dir else None)
     client.fetch(-1)  # connected and warm
     seconds = []
@@ -217,8 +217,8 @@ def bench_weights(scheme, rounds=3):
     """MB/s of one weights fetch by an actor process (median of `rounds` fetches)."""
     import numpy as np
     import zmq
-    from protocols.weights_wire import WeightServer
-    from protocols.zmq_transport import stop_authenticator
+    from cadence.protocols.weights_wire import WeightServer
+    from cadence.protocols.zmq_transport import stop_authenticator
     ctx = zmq.Context()
     workdir = tempfile.mkdtemp(prefix="zmq-bench-")
     endpoint, keys, keys_dir = _listen(scheme, workdir)
@@ -268,7 +268,7 @@ def main() -> None:
     if a.auth:
         return main_auth(a)
     from codec_bench import make_group
-    from protocols.codec import encode
+    from cadence.protocols.codec import encode
     for shape in SHAPES:
         n = a.groups if shape[1] < 100 else max(a.groups // 10, 200)
         payload = encode(make_group(*shape))

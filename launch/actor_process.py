@@ -53,8 +53,8 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
               sglang_urls: tuple[str, ...] = (), work_dir: str = "", parts: "Parts | None" = None) -> int:
     """Join the learner at `endpoint` and generate until told to stop. parts: built from the run's
     config before connecting (see prepare()); used if the Welcome carries the same config."""
-    from protocols.dispatch_client import DispatcherClient
-    from protocols.zmq_transport import CurveKeys
+    from cadence.protocols.dispatch_client import DispatcherClient
+    from cadence.protocols.zmq_transport import CurveKeys
 
     stop = stop or threading.Event()
     keys = CurveKeys.load(keys_dir) if keys_dir else None
@@ -169,7 +169,7 @@ def local_sglang(cfg, sglang_urls: tuple[str, ...], log=lambda text: None):
 
     Raises ValueError (naming the key or option) when this host cannot drive SGLang servers.
     """
-    from actors.config import is_loopback
+    from cadence.actors.config import is_loopback
 
     sg = cfg.actors.sglang
     sync = sg.sync
@@ -204,12 +204,12 @@ def prepare(config: dict, warm: bool = False, sglang_urls: tuple[str, ...] = (),
     SGLang servers: local_sglang); warm: also compile generation.
 
     Raises ValueError (naming the key) if this host cannot build it."""
-    from actors.engine import JaxEngine
-    from actors.rewards import make_scorer
-    from actors.tasks.registry import make_task
-    from launch import compile_cache, config_loader
-    from launch.config import Config
-    from launch.policy import policy_skeleton
+    from cadence.actors.engine import JaxEngine
+    from cadence.actors.rewards import make_scorer
+    from cadence.actors.tasks.registry import make_task
+    from cadence.launch import compile_cache, config_loader
+    from cadence.launch.config import Config
+    from cadence.launch.policy import policy_skeleton
 
     cfg = config_loader.merge(Config(), config)
     if cfg.actors.engine == "sglang":
@@ -226,7 +226,7 @@ def prepare(config: dict, warm: bool = False, sglang_urls: tuple[str, ...] = (),
             import jax
             import numpy as np
 
-            from actors.episodes import generate_rollouts
+            from cadence.actors.episodes import generate_rollouts
 
             zeros = jax.device_put(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), policy.params))
             rows = [task.prompt(i) for i in range(cfg.actors.prompts_per_call) for _ in range(cfg.learner.group_size)]
@@ -236,12 +236,12 @@ def prepare(config: dict, warm: bool = False, sglang_urls: tuple[str, ...] = (),
 
 def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log, sglang_urls=(),
            local: _LocalFiles | None = None):
-    from actors.actor_loop import Actor
-    from actors.env_runner import EnvRunner
-    from actors.remote_weights import RemoteWeights
-    from actors.tasks.base import is_multi_turn
-    from launch.policy import sglang_engine
-    from protocols.weights_wire import WeightClient
+    from cadence.actors.actor_loop import Actor
+    from cadence.actors.env_runner import EnvRunner
+    from cadence.actors.remote_weights import RemoteWeights
+    from cadence.actors.tasks.base import is_multi_turn
+    from cadence.launch.policy import sglang_engine
+    from cadence.protocols.weights_wire import WeightClient
 
     cfg, policy, task, engine = parts.cfg, parts.policy, parts.task, parts.engine
     if cfg.actors.engine == "sglang":

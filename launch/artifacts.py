@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from launch import config_loader
+from cadence.launch import config_loader
 
 
 def default_run_dir(cfg) -> str:

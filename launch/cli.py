@@ -103,8 +103,8 @@ def _fail(msg: str, code: int) -> int:
 
 
 def cmd_train(args) -> int:
-    from launch.config import load_config
-    from launch.config_loader import ConfigError, to_dict
+    from cadence.launch.config import load_config
+    from cadence.launch.config_loader import ConfigError, to_dict
 
     notes: list[str] = []
     try:
@@ -125,15 +125,15 @@ def cmd_train(args) -> int:
         yaml.safe_dump(to_dict(cfg), sys.stdout, sort_keys=False)
         return 0
     if cfg.learner.processes > 1 and "CADENCE_PROCESS_ID" not in os.environ:  # [sharded learner]
-        from launch import artifacts
-        from launch.learner_group import run_local_group
+        from cadence.launch import artifacts
+        from cadence.launch.learner_group import run_local_group
 
         train_args = [a for f in args.config for a in ("--config", f)] + ["--resume"] * args.resume
         run_dir = os.path.abspath(cfg.run.dir or artifacts.default_run_dir(cfg))
         return run_local_group(train_args + list(args.overrides), cfg.learner.processes, run_dir)
-    from launch.run_state import RunFinished
-    from launch.train import train
-    from learner.checkpoint import CheckpointError
+    from cadence.launch.run_state import RunFinished
+    from cadence.launch.train import train
+    from cadence.learner.checkpoint import CheckpointError
 
     try:
         summary = train(cfg, resume=resume)
@@ -150,8 +150,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from launch.config import load_config
-    from launch.config_loader import ConfigError
+    from cadence.launch.config import load_config
+    from cadence.launch.config_loader import ConfigError
 
     cfg_path = os.path.join(args.run_dir, "config.yaml")
     if not os.path.isfile(cfg_path):
@@ -160,12 +160,12 @@ def cmd_eval(args) -> int:
         cfg = load_config([cfg_path])
     except ConfigError as e:
         return _fail(f"config error in {cfg_path}: {e}", EXIT_CONFIG)
-    from actors.engine import JaxEngine
-    from actors.rewards import make_scorer
-    from actors.tasks.registry import make_task
-    from launch import artifacts
-    from launch.policy import build_policy
-    from launch.train import evaluate
+    from cadence.actors.engine import JaxEngine
+    from cadence.actors.rewards import make_scorer
+    from cadence.actors.tasks.registry import make_task
+    from cadence.launch import artifacts
+    from cadence.launch.policy import build_policy
+    from cadence.launch.train import evaluate
 
     policy = build_policy(cfg)  # the same model config and tokenizer the run trained with
     try:
@@ -186,9 +186,9 @@ def cmd_eval(args) -> int:
 
 
 def cmd_experiment(args) -> int:
-    from launch.config import load_config
-    from launch.config_loader import ConfigError
-    from launch.experiments import batch_invariance, run_experiment
+    from cadence.launch.config import load_config
+    from cadence.launch.config_loader import ConfigError
+    from cadence.launch.experiments import batch_invariance, run_experiment
 
     size = batch_invariance.QUICK if args.quick else batch_invariance.FULL
     # the experiment's own base settings (smaller warm-up / larger held-out set); the user's win
@@ -215,7 +215,7 @@ def cmd_experiment(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    from launch import ray_status
+    from cadence.launch import ray_status
 
     if args.status or args.stop:
         try:
@@ -226,16 +226,16 @@ def cmd_launch(args) -> int:
         except FileNotFoundError as e:
             return _fail(str(e), 1)
         return 0
-    from launch import artifacts
-    from launch.config import load_config
-    from launch.config_loader import ConfigError
+    from cadence.launch import artifacts
+    from cadence.launch.config import load_config
+    from cadence.launch.config_loader import ConfigError
 
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         return _fail(f"config error: {e}", EXIT_CONFIG)
     try:
-        from launch.ray_launch import RayLaunch
+        from cadence.launch.ray_launch import RayLaunch
     except ImportError as e:
         return _fail(f"Ray is not installed ({e}); pip install 'cadence-rl[ray]'", 1)
     run_dir = os.path.abspath(cfg.run.dir or artifacts.default_run_dir(cfg))
@@ -243,7 +243,7 @@ def cmd_launch(args) -> int:
 
 
 def cmd_keys(args) -> int:
-    from protocols.zmq_transport import SecurityError, write_keys
+    from cadence.protocols.zmq_transport import SecurityError, write_keys
 
     try:
         keys = write_keys(args.dir)
@@ -257,7 +257,7 @@ def cmd_keys(args) -> int:
 def cmd_status(args) -> int:
     from rich.console import Console
 
-    from launch import status
+    from cadence.launch import status
 
     try:
         st = status.run_status(args.run_dir)
@@ -273,8 +273,8 @@ def cmd_status(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from launch.report import write_report
-    from launch.status import NotARun
+    from cadence.launch.report import write_report
+    from cadence.launch.status import NotARun
 
     try:
         path = write_report(args.run_dirs, args.out)
@@ -315,7 +315,7 @@ def main(argv=None) -> int:
     elif overrides:
         parser.error(f"unrecognized arguments: {' '.join(overrides)}")
     if args.command in ("train", "experiment", "actor", "eval"):
-        from launch.host_memory import fix_mmap_threshold
+        from cadence.launch.host_memory import fix_mmap_threshold
 
         fix_mmap_threshold()  # before JAX allocates: freed activation buffers go back to the OS
     if args.command == "train":
@@ -323,7 +323,7 @@ def main(argv=None) -> int:
     if args.command == "experiment":
         return cmd_experiment(args)
     if args.command == "actor":
-        from launch.actor_process import default_actor_id, main as actor_main
+        from cadence.launch.actor_process import default_actor_id, main as actor_main
 
         bad = [u for u in args.sglang_url if not u.startswith(("http://", "https://"))]
         if bad:

@@ -9,16 +9,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from actors.config import ActorsConfig
-from actors.engine import EngineConfig
-from actors.tasks.base import is_multi_turn
-from actors.tasks.config import TEXT_TASKS, TaskConfig
-from launch import config_loader
-from launch.config_loader import ConfigError
-from learner.checkpoint import CheckpointConfig
-from learner.config import LearnerConfig
-from learner.controller.config import ControllerConfig
-from learner.models.config import ModelConfig
+from cadence.actors.config import ActorsConfig
+from cadence.actors.engine import EngineConfig
+from cadence.actors.tasks.base import is_multi_turn
+from cadence.actors.tasks.config import TEXT_TASKS, TaskConfig
+from cadence.launch import config_loader
+from cadence.launch.config_loader import ConfigError
+from cadence.learner.checkpoint import CheckpointConfig
+from cadence.learner.config import LearnerConfig
+from cadence.learner.controller.config import ControllerConfig
+from cadence.learner.models.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +144,8 @@ class Config:
 
     def validate(self) -> None:
         """Checks spanning sections (each section validated itself already)."""
-        from actors.tasks.registry import make_task
-        from launch.policy import load_tokenizer, resolve_model_config
+        from cadence.actors.tasks.registry import make_task
+        from cadence.launch.policy import load_tokenizer, resolve_model_config
 
         if self.task.name in TEXT_TASKS and not self.model.path:
             raise ConfigError(f"task.name: the {self.task.name} task needs a checkpoint tokenizer; set model.path=DIR")

@@ -23,10 +23,10 @@ import sys
 import time
 from typing import Any, Callable
 
-from launch.config_loader import ConfigError
-from learner import multihost, sharding
-from learner.leader import Follower, Leader
-from learner.models.llama import abstract_params
+from cadence.launch.config_loader import ConfigError
+from cadence.learner import multihost, sharding
+from cadence.learner.leader import Follower, Leader
+from cadence.learner.models.llama import abstract_params
 
 STOP_GRACE_S = 60.0  # followers get this long to finish after process 0 exits
 
@@ -59,7 +59,7 @@ def run_local_group(train_args: list[str], num_processes: int, run_dir: str) -> 
     a final checkpoint and stops the others."""
     env = {**os.environ, multihost.ENV_COORDINATOR: f"127.0.0.1:{_free_port()}",
            multihost.ENV_NUM_PROCESSES: str(num_processes)}
-    cmd = [sys.executable, "-m", "launch.cli", "train", *train_args, f"run.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "cadence.launch.cli", "train", *train_args, f"run.dir={run_dir}"]
     procs = []
     for i in range(num_processes):  # process 0 checkpoints if the launcher dies; the others just go
         procs.append(subprocess.Popen(cmd, env={**env, multihost.ENV_PROCESS_ID: str(i)},

@@ -27,23 +27,23 @@ import warnings
 
 import zmq
 
-from actors.actor_loop import Actor
-from actors.env_runner import EnvRunner
-from actors.tasks.base import is_multi_turn
-from launch.config import completion_budget
-from launch.supervisor import ActorSupervisor
-from learner.loop import PipelineStopped
-from learner.models.named_arrays import ParamLayout
-from protocols.admission import AdmissionGate
-from protocols.dispatch import Dispatcher, DispatchSettings
-from protocols.dispatch_server import DispatchServer
-from protocols.dispatch_client import DispatcherClient
-from protocols.ledger import SampleLedger
-from protocols.messages import Control
-from protocols.transport import InProcessTransport
-from protocols.weights import InProcessWeights
-from protocols.weights_wire import WeightServer
-from protocols.zmq_transport import CurveKeys, private_dir, stop_authenticator
+from cadence.actors.actor_loop import Actor
+from cadence.actors.env_runner import EnvRunner
+from cadence.actors.tasks.base import is_multi_turn
+from cadence.launch.config import completion_budget
+from cadence.launch.supervisor import ActorSupervisor
+from cadence.learner.loop import PipelineStopped
+from cadence.learner.models.named_arrays import ParamLayout
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.dispatch import Dispatcher, DispatchSettings
+from cadence.protocols.dispatch_server import DispatchServer
+from cadence.protocols.dispatch_client import DispatcherClient
+from cadence.protocols.ledger import SampleLedger
+from cadence.protocols.messages import Control
+from cadence.protocols.transport import InProcessTransport
+from cadence.protocols.weights import InProcessWeights
+from cadence.protocols.weights_wire import WeightServer
+from cadence.protocols.zmq_transport import CurveKeys, private_dir, stop_authenticator
 
 ENDPOINT_FILE = "endpoint.json"
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from learner.models.char_tokenizer import CharTokenizer
-from learner.models.config import ModelConfig
-from learner.models.llama import abstract_params, init_params
+from cadence.learner.models.char_tokenizer import CharTokenizer
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.llama import abstract_params, init_params
 
 
 @dataclasses.dataclass
@@ -27,7 +27,7 @@ class Policy:
 def load_tokenizer(model_cfg: ModelConfig):
     """The tokenizer of the policy model_cfg describes: the checkpoint's, or CharTokenizer."""
     if model_cfg.path:
-        from learner.models.hf_tokenizer import HFTokenizer
+        from cadence.learner.models.hf_tokenizer import HFTokenizer
 
         return HFTokenizer(model_cfg.path)
     return CharTokenizer()
@@ -36,7 +36,7 @@ def load_tokenizer(model_cfg: ModelConfig):
 def resolve_model_config(model_cfg: ModelConfig) -> ModelConfig:
     """The ModelConfig actually built: read from the checkpoint when model.path is set."""
     if model_cfg.path:
-        from learner.models.hf_config import model_config_from_checkpoint
+        from cadence.learner.models.hf_config import model_config_from_checkpoint
 
         return model_config_from_checkpoint(model_cfg.path, model_cfg)
     return model_cfg
@@ -49,7 +49,7 @@ def build_policy(cfg, layout=None) -> Policy:
     shard by shard on the devices; a checkpoint is read by every process and placed).
     """
     if cfg.model.path:
-        from learner.models.hf_load import load_checkpoint
+        from cadence.learner.models.hf_load import load_checkpoint
 
         model_cfg, graphdef, params = load_checkpoint(cfg.model.path, cfg.model)
         params = params if layout is None else layout.place(params)
@@ -72,7 +72,7 @@ def export_policy(policy: Policy, params, out_dir: str, **kwargs) -> list[str]:
 
     kwargs go to ``hf_export.export_checkpoint`` (e.g. max_shard_bytes). Returns the shard names.
     """
-    from learner.models.hf_export import export_checkpoint
+    from cadence.learner.models.hf_export import export_checkpoint
 
     return export_checkpoint(policy.model_cfg, params, out_dir, source=policy.model_cfg.path, **kwargs)
 
@@ -81,9 +81,9 @@ def sglang_engine(cfg, policy: Policy, work_dir: str, fetch=None):
     """SGLang servers serving this policy (actor threads in the learner, or one actor process):
     cfg.actors.sglang's servers, exports and syncs in work_dir. fetch: whole copies of some param
     arrays of a sharded learner (exports and sync buckets)."""
-    from actors.sglang.checkpoint import export_for_server
-    from actors.sglang.engine import SGLangEngine
-    from learner.models.hf_export import hf_tensors
+    from cadence.actors.sglang.checkpoint import export_for_server
+    from cadence.actors.sglang.engine import SGLangEngine
+    from cadence.learner.models.hf_export import hf_tensors
 
     return SGLangEngine(cfg.actors.sglang, max_new_tokens=cfg.engine.max_new_tokens,
                         eos_id=policy.tokenizer.eos_id, pad_id=policy.tokenizer.pad_id,

@@ -58,7 +58,7 @@ class ActorFleet:
         self.pgs = [placement_group([bundle], strategy="PACK") for _ in range(self.n)]
         self.hosts = []
         for i, pg in enumerate(self.pgs):
-            argv = ["-m", "launch.cli", "actor", "--connect", endpoint, "--id", f"actor-{i}"]
+            argv = ["-m", "cadence.launch.cli", "actor", "--connect", endpoint, "--id", f"actor-{i}"]
             self.hosts.append(self.Host.options(**self.host_options(pg)).remote(
                 f"actor-{i}", argv, self.env, self.files, self.file_args))
         self.message(f"{self.n} actor processes placed (connecting to {endpoint})")

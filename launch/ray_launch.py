@@ -33,16 +33,16 @@ import yaml
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from launch import ray_hosts, ray_status
-from launch.ray_actors import ActorFleet, LogGatherer
-from launch.config_loader import to_dict
-from launch.pipeline import ENDPOINT_FILE
-from learner import multihost
+from cadence.launch import ray_hosts, ray_status
+from cadence.launch.ray_actors import ActorFleet, LogGatherer
+from cadence.launch.config_loader import to_dict
+from cadence.launch.pipeline import ENDPOINT_FILE
+from cadence._root import IMPORT_ROOT
+from cadence.learner import multihost
 
 EXIT_CONFIG, EXIT_FINISHED = 2, 3  # as `cadence train`: a bad config, a run that already finished
 POLL_S = 0.5
 HOST_TIMEOUT_S = 120.0  # a placed host must answer within this (a loaded machine can be slow)
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _resources(entries) -> dict[str, float]:
@@ -52,7 +52,7 @@ def _resources(entries) -> dict[str, float]:
 def _keys(directory: str) -> dict:
     """A fresh CurveZMQ key set in `directory` (0700; the learner's, as actors.keys_dir), and the
     files an actor needs, as bytes to hand out through Ray."""
-    from protocols.zmq_transport import write_keys
+    from cadence.protocols.zmq_transport import write_keys
 
     shutil.rmtree(directory, ignore_errors=True)  # an earlier launch's set: nobody listens with it now
     os.makedirs(directory, mode=0o700)
@@ -215,7 +215,7 @@ class RayLaunch:
             env.update({multihost.ENV_COORDINATOR: f"{leader_ip}:{port}", multihost.ENV_NUM_PROCESSES: str(size)})
         started = time.time()
         for i, h in enumerate(hosts):
-            argv = ["-m", "launch.cli", "train", "--config", "{dir}/config.yaml", *overrides]
+            argv = ["-m", "cadence.launch.cli", "train", "--config", "{dir}/config.yaml", *overrides]
             proc_env = {**env, multihost.ENV_PROCESS_ID: str(i)} if size > 1 else env
             ray.get(h.start.remote(argv, proc_env), timeout=HOST_TIMEOUT_S)
         group = _Group(pg, hosts, size, started)
@@ -225,7 +225,7 @@ class RayLaunch:
         return group
 
     def _env(self) -> dict:
-        env = {"PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (IMPORT_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
         env.update(dict(e.split("=", 1) for e in self.launch.env))
         return env
 

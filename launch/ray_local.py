@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from cadence._root import IMPORT_ROOT
+
 CLONE_NEWNET = 0x40000000
 HEAD_RESOURCE, WORKER_RESOURCE = "head_node", "worker_node"
 
@@ -64,9 +66,8 @@ class LocalCluster:
         self.dir = tempfile.mkdtemp(prefix="cr-", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "JAX_PLATFORMS": "cpu",
-                    "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
+                    "PYTHONPATH": os.pathsep.join(p for p in (IMPORT_ROOT, os.environ.get("PYTHONPATH", "")) if p),
                     **(env or {})}
         self.head: subprocess.Popen | None = None
         self.worker: subprocess.Popen | None = None

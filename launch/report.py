@@ -21,10 +21,10 @@ import os
 
 import numpy as np
 
-from launch import plots
-from launch.metrics import read_metrics
-from launch.run_state import _flatten
-from launch.status import NotARun, run_status
+from cadence.launch import plots
+from cadence.launch.metrics import read_metrics
+from cadence.launch.run_state import _flatten
+from cadence.launch.status import NotARun, run_status
 
 MAX_POINTS = 2000  # points per line after smoothing (a days-long run has 10^5 updates)
 SAMPLES, TIME = ("samples", "samples"), ("wall_time", "wall seconds since the run started")

@@ -10,11 +10,11 @@ import json
 import os
 from typing import NamedTuple
 
-from actors.prompt_stream import PromptStream
-from launch import artifacts
-from launch.config_loader import ConfigError, load_yaml, to_dict
-from launch.metrics import Clock
-from protocols.ledger import SampleLedger
+from cadence.actors.prompt_stream import PromptStream
+from cadence.launch import artifacts
+from cadence.launch.config_loader import ConfigError, load_yaml, to_dict
+from cadence.launch.metrics import Clock
+from cadence.protocols.ledger import SampleLedger
 
 # Dotted prefixes that a resumed run must share with the run it continues.
 # (learner.mesh and learner.processes may change: a checkpoint reshards onto the new layout.)

@@ -28,8 +28,8 @@ import threading
 import uuid
 from typing import Callable, Protocol
 
-from launch.heartbeat import Heartbeat
-from launch.metrics import MetricsWriter
+from cadence.launch.heartbeat import Heartbeat
+from cadence.launch.metrics import MetricsWriter
 
 QUEUE_RECORDS = 10_000  # records the background sinks may fall behind by before records are dropped
 CLOSE_SECONDS = 120.0  # how long close() waits for the background sinks to flush (W&B uploads)
@@ -250,7 +250,7 @@ def open_sinks(run_cfg, run_dir: str, config: dict, resumed: bool = False, step0
     if "wandb" in run_cfg.loggers:
         factories["wandb"] = lambda: WandbSink(run_dir, run_cfg.wandb_project, run_cfg.wandb_entity, config, resumed)
     if run_cfg.prometheus_port:
-        from launch.prometheus import PrometheusSink
+        from cadence.launch.prometheus import PrometheusSink
 
         factories["prometheus"] = lambda: PrometheusSink(run_cfg.prometheus_host, run_cfg.prometheus_port)
     return Sinks(jsonl, factories, heartbeat, warn)

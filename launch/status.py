@@ -26,7 +26,7 @@ import time
 import numpy as np
 import yaml
 
-from launch import heartbeat
+from cadence.launch import heartbeat
 
 EXIT_CODES = {"running": 0, "finished": 4, "preempted": 5, "dead": 6, "stalled": 7}
 STALL_FACTOR = 10.0  # run.stall_factor's default (launch/config.py), for runs whose config lacks it

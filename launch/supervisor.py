@@ -10,7 +10,7 @@ Started before the learner's dispatcher exists (endpoint None, `config` given), 
 `... actor --connect -`: they build their model and compile generation from the config while the
 learner builds, and join once `connect(endpoint)` hands them the endpoint on stdin.
 
-Each process is `python -m launch.cli actor --connect ENDPOINT --id proc-i`, its output in
+Each process is `python -m cadence.launch.cli actor --connect ENDPOINT --id proc-i`, its output in
 RUN_DIR/actors/proc-i.log. When one exits unasked, `on_exit(actor_id, reason)` is told at once
 (the dispatcher re-issues its prompts without waiting for the heartbeat timeout) and it is
 started again after a backoff that doubles while processes keep dying soon after their start
@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 from typing import Callable
+
+from cadence._root import IMPORT_ROOT
 
 STABLE_SECONDS = 60.0  # a process that lived this long resets the backoff
 MAX_BACKOFF = 30.0
@@ -60,7 +62,7 @@ class ActorSupervisor:
         self.log_dir = os.path.join(run_dir, "actors")
 
     def command(self, actor_id: str) -> list[str]:
-        cmd = [sys.executable, "-m", "launch.cli", "actor", "--connect", self.endpoint or "-", "--id", actor_id]
+        cmd = [sys.executable, "-m", "cadence.launch.cli", "actor", "--connect", self.endpoint or "-", "--id", actor_id]
         return cmd + (["--keys", self.keys_dir] if self.keys_dir else []) + list(self.extra_args(actor_id))
 
     def start(self) -> "ActorSupervisor":
@@ -73,9 +75,8 @@ class ActorSupervisor:
     def _spawn(self, c: _Child) -> None:
         log = open(os.path.join(self.log_dir, f"{c.actor_id}.log"), "ab")
         env = dict(os.environ)
-        # Lets `python -m launch.cli` find this checkout even when the package is not installed.
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+        # Lets `python -m cadence.launch.cli` find this checkout even when the package is not installed.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (IMPORT_ROOT, env.get("PYTHONPATH", "")) if p)
         early = self.endpoint is None  # the endpoint (and the config first) come on stdin
         if c.proc is not None:
             _close(c.proc)  # the dead process's pipe

@@ -17,34 +17,34 @@ import json
 import os
 import time
 
-from actors.engine import JaxEngine
-from actors.env_runner import EnvRunner
-from actors.evaluation import evaluate_heldout
-from actors.prompt_stream import PromptStream
-from actors.rewards import make_scorer
-from actors.tasks.base import is_multi_turn
-from actors.tasks.registry import make_task
-from launch import artifacts, compile_cache, run_state
-from launch.config_loader import ConfigError, to_dict
-from launch.config import Config, seq_len as config_seq_len
-from launch.learner_group import LearnerProcesses  # [sharded learner]
-from launch.lifecycle import Lifecycle
-from launch.metrics import Progress
-from launch.pipeline import Pipeline, start_actor_processes
-from launch.policy import build_policy, export_policy, resolve_model_config, sglang_engine
-from launch.sinks import open_sinks
-from launch.recorder import Recorder, arrays_of
-from learner import packing
-from learner.checkpoint import Checkpointer
-from learner.controller import make_controller
-from learner.dynamic_sampling import make_group_filter
-from learner.loop import LearnerLoop, LoopSettings
-from learner.models.llama import count_params
-from learner.steps import make_train_step
-from learner.steps.scoring import llama_logits
-from learner.steps.sft_step import SFTStep, build_sft_batch
-from protocols.admission import AdmissionGate
-from protocols.weights import InProcessWeights
+from cadence.actors.engine import JaxEngine
+from cadence.actors.env_runner import EnvRunner
+from cadence.actors.evaluation import evaluate_heldout
+from cadence.actors.prompt_stream import PromptStream
+from cadence.actors.rewards import make_scorer
+from cadence.actors.tasks.base import is_multi_turn
+from cadence.actors.tasks.registry import make_task
+from cadence.launch import artifacts, compile_cache, run_state
+from cadence.launch.config_loader import ConfigError, to_dict
+from cadence.launch.config import Config, seq_len as config_seq_len
+from cadence.launch.learner_group import LearnerProcesses  # [sharded learner]
+from cadence.launch.lifecycle import Lifecycle
+from cadence.launch.metrics import Progress
+from cadence.launch.pipeline import Pipeline, start_actor_processes
+from cadence.launch.policy import build_policy, export_policy, resolve_model_config, sglang_engine
+from cadence.launch.sinks import open_sinks
+from cadence.launch.recorder import Recorder, arrays_of
+from cadence.learner import packing
+from cadence.learner.checkpoint import Checkpointer
+from cadence.learner.controller import make_controller
+from cadence.learner.dynamic_sampling import make_group_filter
+from cadence.learner.loop import LearnerLoop, LoopSettings
+from cadence.learner.models.llama import count_params
+from cadence.learner.steps import make_train_step
+from cadence.learner.steps.scoring import llama_logits
+from cadence.learner.steps.sft_step import SFTStep, build_sft_batch
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.weights import InProcessWeights
 
 def evaluate(engine: JaxEngine, task, params, prompts=None, scorer=None, envs=None) -> dict:
     """Greedy decoding on the held-out set: eval/reward, eval/exact_match (tasks with answers) and

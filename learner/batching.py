@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from learner.algorithms.grpo import batch_std_advantages, group_advantages
-from protocols.ragged import Ragged
+from cadence.learner.algorithms.grpo import batch_std_advantages, group_advantages
+from cadence.protocols.ragged import Ragged
 
 
 class Microbatch(NamedTuple):

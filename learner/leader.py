@@ -19,8 +19,8 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from learner import sharding
-from learner.multihost import Channel, Group, as_host, microbatch_arrays, microbatches_from
+from cadence.learner import sharding
+from cadence.learner.multihost import Channel, Group, as_host, microbatch_arrays, microbatches_from
 
 
 class Leader:

@@ -16,10 +16,10 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from learner.batching import build_microbatches
-from learner.packing import pack_microbatches, rows_per_microbatch
-from protocols.admission import AdmissionGate
-from protocols.ledger import SampleLedger
+from cadence.learner.batching import build_microbatches
+from cadence.learner.packing import pack_microbatches, rows_per_microbatch
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.ledger import SampleLedger
 
 
 class PipelineStopped(RuntimeError):

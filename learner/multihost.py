@@ -172,7 +172,7 @@ def microbatch_arrays(microbatches) -> dict[str, np.ndarray]:
 
 
 def microbatches_from(arrays: dict[str, np.ndarray]) -> list:
-    from learner.batching import Microbatch
+    from cadence.learner.batching import Microbatch
 
     count = 1 + max((int(key.split(".")[0]) for key in arrays), default=-1)
     width = len(Microbatch._fields)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from learner.config import OptimizerConfig
+from cadence.learner.config import OptimizerConfig
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:

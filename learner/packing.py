@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from learner.batching import Microbatch, _advantages_per_group, _packed_groups, batch_stats
+from cadence.learner.batching import Microbatch, _advantages_per_group, _packed_groups, batch_stats
 
 
 def rows_per_microbatch(microbatch_tokens: int, seq_len: int, row_multiple: int = 1) -> int:

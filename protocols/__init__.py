@@ -1,7 +1,7 @@
 """The language actors and learner speak: typed messages, their codec, and transports."""
 
-from protocols.codec import DEFAULT_MAX_BYTES, SCHEMA_VERSION, Codec, decode, encode
-from protocols.errors import (
+from cadence.protocols.codec import DEFAULT_MAX_BYTES, SCHEMA_VERSION, Codec, decode, encode
+from cadence.protocols.errors import (
     ForeignMessage,
     InvalidMessage,
     MalformedMessage,
@@ -9,10 +9,10 @@ from protocols.errors import (
     ProtocolError,
     SchemaVersionMismatch,
 )
-from protocols.messages import Control, EngineTimings, Message, RolloutGroup, WeightsPublished
-from protocols.ragged import Packed, Ragged
-from protocols.receiver import Receiver
-from protocols.transport import (
+from cadence.protocols.messages import Control, EngineTimings, Message, RolloutGroup, WeightsPublished
+from cadence.protocols.ragged import Packed, Ragged
+from cadence.protocols.receiver import Receiver
+from cadence.protocols.transport import (
     BytesTransport,
     InProcessTransport,
     Transport,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import msgspec
 
-from protocols.errors import (
+from cadence.protocols.errors import (
     ForeignMessage,
     InvalidMessage,
     MalformedMessage,
@@ -25,7 +25,7 @@ from protocols.errors import (
     ProtocolError,
     SchemaVersionMismatch,
 )
-from protocols.messages import MESSAGE_TYPES, Message
+from cadence.protocols.messages import MESSAGE_TYPES, Message
 
 SCHEMA_VERSION = 2  # 2: RolloutGroup's per-token fields are packed arrays (protocols/ragged.py)
 MAGIC = "cadence"

@@ -38,10 +38,10 @@ import uuid
 from collections import Counter
 from typing import Any, Callable
 
-from protocols.admission import AdmissionGate
-from protocols.group_checks import GrantedPrompts, GroupLimits, check_group
-from protocols.ledger import SampleLedger
-from protocols.messages import (
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.group_checks import GrantedPrompts, GroupLimits, check_group
+from cadence.protocols.ledger import SampleLedger
+from cadence.protocols.messages import (
     Control,
     Goodbye,
     Grant,

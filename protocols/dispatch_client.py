@@ -25,9 +25,9 @@ import time
 
 import zmq
 
-from protocols.codec import Codec
-from protocols.errors import ProtocolError
-from protocols.messages import (
+from cadence.protocols.codec import Codec
+from cadence.protocols.errors import ProtocolError
+from cadence.protocols.messages import (
     Control,
     Goodbye,
     Grant,
@@ -38,7 +38,7 @@ from protocols.messages import (
     Welcome,
     WorkRequest,
 )
-from protocols.zmq_transport import CurveKeys, client_socket
+from cadence.protocols.zmq_transport import CurveKeys, client_socket
 
 
 class DispatcherClient:

@@ -19,10 +19,10 @@ from typing import Callable
 
 import zmq
 
-from protocols.codec import Codec
-from protocols.dispatch import Dispatcher
-from protocols.errors import ProtocolError
-from protocols.zmq_transport import ZERO_COPY_BYTES, CurveKeys, RefusalCounter, bound_endpoint, server_socket
+from cadence.protocols.codec import Codec
+from cadence.protocols.dispatch import Dispatcher
+from cadence.protocols.errors import ProtocolError
+from cadence.protocols.zmq_transport import ZERO_COPY_BYTES, CurveKeys, RefusalCounter, bound_endpoint, server_socket
 
 
 class DispatchServer:

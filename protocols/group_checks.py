@@ -25,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-from protocols.messages import RolloutGroup
+from cadence.protocols.messages import RolloutGroup
 
 # A log-probability (or kept log-mass) above this is not a log of a probability: 0 plus float slack.
 LOGPROB_CEILING = 1e-3

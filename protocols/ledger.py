@@ -29,8 +29,8 @@ import threading
 from collections import Counter
 from typing import Any
 
-from protocols import codec as codec_mod
-from protocols.errors import SchemaVersionMismatch
+from cadence.protocols import codec as codec_mod
+from cadence.protocols.errors import SchemaVersionMismatch
 
 IN_FLIGHT, QUEUED, CONSUMED, DROPPED = "in_flight", "queued", "consumed", "dropped"
 

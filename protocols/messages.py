@@ -21,9 +21,9 @@ import msgspec
 import numpy as np
 from msgspec.structs import force_setattr
 
-from protocols.bytechecks import all_finite_float32, all_nonnegative_int32, all_zero_or_one
-from protocols.errors import InvalidMessage
-from protocols.ragged import DTYPES, Packed, Ragged
+from cadence.protocols.bytechecks import all_finite_float32, all_nonnegative_int32, all_zero_or_one
+from cadence.protocols.errors import InvalidMessage
+from cadence.protocols.ragged import DTYPES, Packed, Ragged
 
 
 class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

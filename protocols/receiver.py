@@ -13,10 +13,10 @@ import threading
 import time
 from typing import Callable
 
-from protocols.codec import Codec
-from protocols.errors import ProtocolError
-from protocols.messages import Message
-from protocols.transport import BytesTransport
+from cadence.protocols.codec import Codec
+from cadence.protocols.errors import ProtocolError
+from cadence.protocols.messages import Message
+from cadence.protocols.transport import BytesTransport
 
 _log = logging.getLogger(__name__)
 

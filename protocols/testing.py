@@ -1,7 +1,7 @@
 """Helpers for tests and benchmarks: real RolloutGroup messages without an engine behind them."""
 from __future__ import annotations
 
-from protocols.messages import EngineTimings, RolloutGroup
+from cadence.protocols.messages import EngineTimings, RolloutGroup
 
 _NO_TIMINGS = EngineTimings(queued_at=0.0, started_at=0.0, finished_at=0.0, generate_seconds=0.0,
                             num_tokens=0, engine="test")

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Protocol, runtime_checkable
 
-from protocols.codec import Codec
+from cadence.protocols.codec import Codec
 
 
 class TransportClosed(RuntimeError):

@@ -22,10 +22,10 @@ from typing import Callable
 import numpy as np
 import zmq
 
-from protocols.codec import Codec
-from protocols.errors import ProtocolError
-from protocols.messages import TensorSpec, WeightsPublished, WeightsRequest
-from protocols.zmq_transport import CurveKeys, RefusalCounter, bound_endpoint, client_socket, server_socket
+from cadence.protocols.codec import Codec
+from cadence.protocols.errors import ProtocolError
+from cadence.protocols.messages import TensorSpec, WeightsPublished, WeightsRequest
+from cadence.protocols.zmq_transport import CurveKeys, RefusalCounter, bound_endpoint, client_socket, server_socket
 
 NamedArrays = list[tuple[str, np.ndarray]]
 

@@ -43,7 +43,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
-from protocols.transport import TransportClosed, TransportFull, _deadline
+from cadence.protocols.transport import TransportClosed, TransportFull, _deadline
 
 SERVER_KEY = "server"
 ZERO_COPY_BYTES = 64 * 1024  # messages this big are received uncopied (read in ZeroMQ's own frames)

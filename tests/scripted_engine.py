@@ -2,7 +2,7 @@
 under test (the reward path, the verifier)."""
 import numpy as np
 
-from actors.engine import GenerationResult
+from cadence.actors.engine import GenerationResult
 
 
 class ScriptedEngine:

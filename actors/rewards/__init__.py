@@ -6,8 +6,8 @@
 """
 from __future__ import annotations
 
-from actors.tasks.base import is_multi_turn
-from actors.rewards.scoring import InlineScorer, Scorer, safe_score, score_groups, score_rollouts
+from cadence.actors.tasks.base import is_multi_turn
+from cadence.actors.rewards.scoring import InlineScorer, Scorer, safe_score, score_groups, score_rollouts
 
 
 def make_scorer(task_cfg, task, tokenizer=None) -> Scorer:
@@ -18,11 +18,11 @@ def make_scorer(task_cfg, task, tokenizer=None) -> Scorer:
     Raises RewardWorkerError when the task does not build in a worker.
     """
     if task_cfg.reward_url:
-        from actors.rewards.remote import RemoteScorer
+        from cadence.actors.rewards.remote import RemoteScorer
         return RemoteScorer(task_cfg.reward_url, task.name, task_cfg.reward_concurrency,
                             task_cfg.reward_timeout_s, task_cfg.reward_retries)
     if task_cfg.reward_workers > 0 and hasattr(task, "score") and not is_multi_turn(task):
-        from actors.rewards.pool import RewardPool
+        from cadence.actors.rewards.pool import RewardPool
         return RewardPool(worker_source(task_cfg, task, tokenizer), task_cfg.reward_workers,
                           task_cfg.reward_timeout_s, task_cfg.reward_memory_mb,
                           group_timeout_s=task_cfg.reward_group_timeout_s)
@@ -51,7 +51,7 @@ def worker_source(task_cfg, task, tokenizer=None):
             return functools.partial(ScoringOnly, fn)
         except (pickle.PicklingError, TypeError, AttributeError):
             pass  # e.g. a closure: the worker builds the task instead
-    from actors.tasks.registry import task_factory
+    from cadence.actors.tasks.registry import task_factory
     return task_factory(task_cfg, tokenizer)
 
 

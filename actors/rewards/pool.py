@@ -33,9 +33,9 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import actors.rewards.worker as worker_module
-from actors.rewards.scoring import CRASHED, GROUP_TIMEOUT, TIMEOUT, Item, Progress, failed, wait_reporting
-from actors.tasks.base import Score
+import cadence.actors.rewards.worker as worker_module
+from cadence.actors.rewards.scoring import CRASHED, GROUP_TIMEOUT, TIMEOUT, Item, Progress, failed, wait_reporting
+from cadence.actors.tasks.base import Score
 
 _CONTEXT = multiprocessing.get_context("spawn")
 # The worker itself skips the completions of a group out of time; the parent steps in (kills it)

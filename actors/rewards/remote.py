@@ -29,8 +29,8 @@ import aiohttp
 import msgspec
 import numpy as np
 
-from actors.rewards.scoring import Item, Progress, failed, wait_reporting
-from actors.tasks.base import Score
+from cadence.actors.rewards.scoring import Item, Progress, failed, wait_reporting
+from cadence.actors.tasks.base import Score
 
 ENCODE = "remote_encode"  # the group's prompt holds something JSON cannot carry
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from actors.tasks.base import Completion, Prompt, Score, as_score, completion_text
+from cadence.actors.tasks.base import Completion, Prompt, Score, as_score, completion_text
 
 Item = tuple[Prompt, Completion]
 # progress(done, total): completions scored so far in this call. The actor turns it into liveness

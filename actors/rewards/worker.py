@@ -22,7 +22,7 @@ import pickle
 import resource
 import time
 
-from actors.rewards.scoring import GROUP_TIMEOUT, MEMORY, failed, safe_score
+from cadence.actors.rewards.scoring import GROUP_TIMEOUT, MEMORY, failed, safe_score
 
 
 FLUSH_S = 0.005

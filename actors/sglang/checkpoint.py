@@ -12,9 +12,9 @@ import os
 import tokenizers
 from tokenizers import models, pre_tokenizers
 
-from learner.models import char_tokenizer as ct
-from learner.models.config import ModelConfig
-from learner.models.hf_export import export_checkpoint
+from cadence.learner.models import char_tokenizer as ct
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.hf_export import export_checkpoint
 
 _SPECIALS = {ct.PAD_ID: "<pad>", ct.BOS_ID: "<bos>", ct.EOS_ID: "<eos>", ct.UNK_ID: "<unk>"}
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from actors.sglang.alignment import MalformedResponse
+from cadence.actors.sglang.alignment import MalformedResponse
 
 
 class ServerUnavailable(ConnectionError):

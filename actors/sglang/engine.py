@@ -42,13 +42,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from actors.config import SGLangConfig
-from actors.sglang.alignment import Completion, MalformedResponse, MisalignedResponse, parse_completion
-from actors.sglang.client import ServerHTTPError, ServerUnavailable, SGLangClient, completion_request
-from actors.sglang.pool import Server, ServerPool, server_env
-from actors.sglang.results import EngineStats, GenerationAborted, SGLangError, SGLangResult
-from actors.sglang.server import ServerProcess
-from actors.sglang.sync import WeightSync
+from cadence.actors.config import SGLangConfig
+from cadence.actors.sglang.alignment import Completion, MalformedResponse, MisalignedResponse, parse_completion
+from cadence.actors.sglang.client import ServerHTTPError, ServerUnavailable, SGLangClient, completion_request
+from cadence.actors.sglang.pool import Server, ServerPool, server_env
+from cadence.actors.sglang.results import EngineStats, GenerationAborted, SGLangError, SGLangResult
+from cadence.actors.sglang.server import ServerProcess
+from cadence.actors.sglang.sync import WeightSync
 
 __all__ = ["EngineStats", "GenerationAborted", "SGLangEngine", "SGLangError", "SGLangResult", "server_env"]
 

@@ -16,10 +16,10 @@ import asyncio
 import os
 import time
 
-from actors.config import SGLangConfig
-from actors.sglang.client import ServerHTTPError, ServerUnavailable, SGLangClient
-from actors.sglang.results import SGLangError
-from actors.sglang.server import ServerProcess
+from cadence.actors.config import SGLangConfig
+from cadence.actors.sglang.client import ServerHTTPError, ServerUnavailable, SGLangClient
+from cadence.actors.sglang.results import SGLangError
+from cadence.actors.sglang.server import ServerProcess
 
 
 def server_env(cfg: SGLangConfig, work_dir: str) -> tuple[str, ...]:

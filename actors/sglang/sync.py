@@ -19,11 +19,11 @@ import os
 import shutil
 import time
 
-from actors.sglang.alignment import MalformedResponse
-from actors.sglang.client import ServerHTTPError, ServerUnavailable
-from actors.sglang.pool import Server
-from actors.sglang.results import SGLangError
-from actors.sglang.weight_broadcast import GroupConfigError, broadcast_update, form_group
+from cadence.actors.sglang.alignment import MalformedResponse
+from cadence.actors.sglang.client import ServerHTTPError, ServerUnavailable
+from cadence.actors.sglang.pool import Server
+from cadence.actors.sglang.results import SGLangError
+from cadence.actors.sglang.weight_broadcast import GroupConfigError, broadcast_update, form_group
 
 
 class WeightSync:

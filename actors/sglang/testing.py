@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from learner.models.config import ModelConfig
+from cadence.learner.models.config import ModelConfig
 
 # The python of a venv with sglang-jax[cpu]==0.1.0rc0 (Python 3.12); .ci/run sets it.
 PYTHON_ENV = "CADENCE_SGLANG_PYTHON"

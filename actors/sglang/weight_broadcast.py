@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from learner.models.hf_export import HFTensor, plan_shards
+from cadence.learner.models.hf_export import HFTensor, plan_shards
 
 
 def _torch():

@@ -7,7 +7,7 @@ a left-to-right model emit each sum digit after the operand digits and carry it 
 
 from __future__ import annotations
 
-from actors.tasks.digit_task import DigitTask
+from cadence.actors.tasks.digit_task import DigitTask
 
 
 class AddReversedTask(DigitTask):

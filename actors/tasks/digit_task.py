@@ -12,10 +12,10 @@ import abc
 import hashlib
 from collections.abc import Sequence
 
-from actors.tasks import scoring
-from actors.tasks.base import Completion, Prompt, Score
-from actors.tasks.config import TaskConfig, prompt_space_size
-from learner.models.char_tokenizer import CharTokenizer  # the default tokenizer
+from cadence.actors.tasks import scoring
+from cadence.actors.tasks.base import Completion, Prompt, Score
+from cadence.actors.tasks.config import TaskConfig, prompt_space_size
+from cadence.learner.models.char_tokenizer import CharTokenizer  # the default tokenizer
 
 TRAIN_SPLIT = "train"
 HELDOUT_SPLIT = "heldout"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from actors.tasks.base import Prompt, Task
+from cadence.actors.tasks.base import Prompt, Task
 
 
 def _check(prompts: Sequence[Prompt], completions: Sequence[Sequence[int]]) -> None:

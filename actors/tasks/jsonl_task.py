@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from actors.tasks import math_verifier
-from actors.tasks.base import Completion, Prompt, Score
-from actors.tasks.config import TaskConfig
-from actors.tasks.records import read_jsonl
-from actors.tasks.scoring import truncate_at_eos
-from actors.tasks.text_prompt import check_text_tokenizer, encode_user_text
+from cadence.actors.tasks import math_verifier
+from cadence.actors.tasks.base import Completion, Prompt, Score
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.records import read_jsonl
+from cadence.actors.tasks.scoring import truncate_at_eos
+from cadence.actors.tasks.text_prompt import check_text_tokenizer, encode_user_text
 
 
 class JsonlMathTask:

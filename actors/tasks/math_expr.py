@@ -22,7 +22,7 @@ from fractions import Fraction
 
 import mpmath
 
-from actors.tasks.math_parse import Refused, parse  # noqa: F401 - parse: one import for callers
+from cadence.actors.tasks.math_parse import Refused, parse  # noqa: F401 - parse: one import for callers
 
 MAX_BITS = 16384  # numerator / denominator of an exact intermediate (~4,900 digits)
 MAX_MAGNITUDE_BITS = 16384  # |log2| of an approximate intermediate

@@ -24,9 +24,9 @@ import dataclasses
 import functools
 import re
 
-from actors.tasks import math_expr
-from actors.tasks.base import Completion, Prompt, Score
-from actors.tasks.math_expr import Refused
+from cadence.actors.tasks import math_expr
+from cadence.actors.tasks.base import Completion, Prompt, Score
+from cadence.actors.tasks.math_expr import Refused
 
 # The final answer sits at the end of a completion; reading only the end bounds every scan.
 MAX_COMPLETION_CHARS = 4000

@@ -1,7 +1,7 @@
 """RecordsTask: a JSONL dataset plus a reward written as a plain Python function.
 
     # mytask.py, anywhere on PYTHONPATH
-    from actors.tasks.records import RecordsTask
+    from cadence.actors.tasks.records import RecordsTask
 
     def reward(prompt, completion):           # prompt.text, prompt.metadata (the record), completion.text
         return 1.0 if completion.text.strip() == prompt.metadata["answer"] else 0.0
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from actors.tasks.base import Completion, Prompt, Score
+from cadence.actors.tasks.base import Completion, Prompt, Score
 
 
 def read_jsonl(path: str, required: tuple[str, ...], key: str = "args.path") -> list[dict[str, Any]]:
@@ -117,5 +117,5 @@ class RecordsTask:
     def scoring(self):
         """What reward workers run: the reward function alone, by reference (workers never read
         the dataset); None for a lambda or a closure, which workers get by building the task."""
-        from actors.tasks.loading import function_ref
+        from cadence.actors.tasks.loading import function_ref
         return function_ref(self.reward_fn)

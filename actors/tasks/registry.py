@@ -20,29 +20,29 @@ import importlib
 import importlib.metadata
 from typing import Any, Callable
 
-from actors.tasks.config import BUILTIN_TASKS, TaskConfig
-from actors.tasks.loading import load_module as _load_module
+from cadence.actors.tasks.config import BUILTIN_TASKS, TaskConfig
+from cadence.actors.tasks.loading import load_module as _load_module
 
 ENTRY_POINT_GROUP = "cadence.tasks"
 
 
 def _sort(cfg, tokenizer):
-    from actors.tasks.sort import SortTask
+    from cadence.actors.tasks.sort import SortTask
     return SortTask(cfg, tokenizer)
 
 
 def _add_reversed(cfg, tokenizer):
-    from actors.tasks.add_reversed import AddReversedTask
+    from cadence.actors.tasks.add_reversed import AddReversedTask
     return AddReversedTask(cfg, tokenizer)
 
 
 def _jsonl(cfg, tokenizer):
-    from actors.tasks.jsonl_task import JsonlMathTask
+    from cadence.actors.tasks.jsonl_task import JsonlMathTask
     return JsonlMathTask(cfg, tokenizer)
 
 
 def _word_problems(cfg, tokenizer):
-    from actors.tasks.word_problems import WordProblemsTask
+    from cadence.actors.tasks.word_problems import WordProblemsTask
     return WordProblemsTask(cfg, tokenizer)
 
 
@@ -100,7 +100,7 @@ def make_task(cfg: TaskConfig, tokenizer=None):
         raise ValueError(f"name: a task's name must not contain '/', got {task.name!r}")
     if getattr(task, "tokenizer", None) is None:
         if tokenizer is None:
-            from learner.models.char_tokenizer import CharTokenizer  # the digit tasks' default
+            from cadence.learner.models.char_tokenizer import CharTokenizer  # the digit tasks' default
             tokenizer = CharTokenizer()
         task.tokenizer = tokenizer
     return task

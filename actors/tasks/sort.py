@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.tasks.digit_task import DigitTask
+from cadence.actors.tasks.digit_task import DigitTask
 
 
 class SortTask(DigitTask):

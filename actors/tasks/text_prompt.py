@@ -3,7 +3,7 @@ BOS, or the user turn (after an optional system message) through the checkpoint'
 
 from __future__ import annotations
 
-from actors.tasks.config import TaskConfig
+from cadence.actors.tasks.config import TaskConfig
 
 
 def check_text_tokenizer(cfg: TaskConfig, tokenizer, task_name: str) -> None:

@@ -20,12 +20,12 @@ import random
 import re
 from collections.abc import Sequence
 
-from actors.tasks import math_verifier
-from actors.tasks.base import Completion, Prompt, Score
-from actors.tasks.config import TaskConfig
-from actors.tasks.scoring import truncate_at_eos
-from actors.tasks.text_prompt import check_text_tokenizer, encode_user_text
-from actors.tasks.word_problem_gen import Problem, Tree, generate, solution
+from cadence.actors.tasks import math_verifier
+from cadence.actors.tasks.base import Completion, Prompt, Score
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.scoring import truncate_at_eos
+from cadence.actors.tasks.text_prompt import check_text_tokenizer, encode_user_text
+from cadence.actors.tasks.word_problem_gen import Problem, Tree, generate, solution
 
 DEFAULT_TEMPLATE = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
 TRAIN_SPLIT, HELDOUT_SPLIT, CALIBRATION_SPLIT = "train", "heldout", "calibration"

@@ -13,8 +13,8 @@ import os
 import re
 import sys
 
-from actors.tasks.base import Score
-from actors.tasks.records import RecordsTask
+from cadence.actors.tasks.base import Score
+from cadence.actors.tasks.records import RecordsTask
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sandbox import pass_rate  # noqa: E402  (a sibling module: this example is not a package)

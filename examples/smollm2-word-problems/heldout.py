@@ -22,14 +22,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import jax  # noqa: E402
 
-from actors.engine import JaxEngine  # noqa: E402
-from actors.episodes import generate_rollouts  # noqa: E402
-from actors.rewards.scoring import InlineScorer, score_rollouts  # noqa: E402
-from actors.tasks.base import completion_text  # noqa: E402
-from actors.tasks.registry import make_task  # noqa: E402
-from launch import artifacts  # noqa: E402
-from launch.config import load_config  # noqa: E402
-from launch.policy import build_policy  # noqa: E402
+from cadence.actors.engine import JaxEngine  # noqa: E402
+from cadence.actors.episodes import generate_rollouts  # noqa: E402
+from cadence.actors.rewards.scoring import InlineScorer, score_rollouts  # noqa: E402
+from cadence.actors.tasks.base import completion_text  # noqa: E402
+from cadence.actors.tasks.registry import make_task  # noqa: E402
+from cadence.launch import artifacts  # noqa: E402
+from cadence.launch.config import load_config  # noqa: E402
+from cadence.launch.policy import build_policy  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import datetime
 import os
 
-from launch.experiments import common
+from cadence.launch.experiments import common
 
 NAMES = ("batch-invariance", "throughput", "decision-rule")
 
 
 def run_experiment(name: str, base, out: str | None = None, quick: bool = False, log=print, **opts) -> dict:
     """Run experiment `name` on the config `base` into folder `out` (default experiments/NAME-<time>)."""
-    from launch.experiments import batch_invariance, decision_rule, throughput
+    from cadence.launch.experiments import batch_invariance, decision_rule, throughput
 
     modules = {"batch-invariance": batch_invariance, "throughput": throughput, "decision-rule": decision_rule}
     if name not in modules:

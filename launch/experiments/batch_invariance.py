@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-from launch import plots
-from launch.config import Config
-from launch.experiments import common
+from cadence.launch import plots
+from cadence.launch.config import Config
+from cadence.launch.experiments import common
 
 QUICK = dict(batch_sizes=(32, 64), scalings=("sqrt", "none", "linear"), seeds=(0,), max_samples=1024,
              eval_samples=128, target="auto", metric="eval/reward", overrides=("learner.sft.steps=10",

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from launch import config_loader
-from launch.config import Config
-from launch.metrics import read_metrics
-from learner.controller import BatchSizeController, scaled_learner
+from cadence.launch import config_loader
+from cadence.launch.config import Config
+from cadence.launch.metrics import read_metrics
+from cadence.learner.controller import BatchSizeController, scaled_learner
 
 RunRecord = dict[str, Any]
 
@@ -48,7 +48,7 @@ def train_or_reuse(cfg: Config, run_dir: str, controller, log=print) -> dict:
     """train(cfg, run_dir) unless run_dir already holds a finished run of the same config (its
     summary.json): an interrupted experiment, rerun into the same folder, redoes only what did
     not finish. An unfinished (or preempted) run's folder is cleared and trained again."""
-    from launch.train import train
+    from cadence.launch.train import train
 
     summary_path = os.path.join(run_dir, "summary.json")
     config_path = os.path.join(run_dir, "config.yaml")

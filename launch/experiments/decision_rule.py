@@ -12,13 +12,13 @@ import dataclasses
 import os
 import shutil
 
-from launch import plots
-from launch.config import Config
-from launch.experiments import common
-from launch.experiments.batch_invariance import run_grid
-from launch.train import train
-from learner.controller import make_controller
-from learner.controller.decision import time_to_target_score
+from cadence.launch import plots
+from cadence.launch.config import Config
+from cadence.launch.experiments import common
+from cadence.launch.experiments.batch_invariance import run_grid
+from cadence.launch.train import train
+from cadence.learner.controller import make_controller
+from cadence.learner.controller.decision import time_to_target_score
 
 QUICK = dict(batch_sizes=(16, 32, 64), seeds=(0,), max_samples=1024, eval_samples=128, target="auto",
              metric="eval/reward", window=2, dwell=4)

@@ -15,18 +15,18 @@ import time
 import jax
 import numpy as np
 
-from actors.actor_loop import Actor
-from actors.engine import JaxEngine
-from actors.prompt_stream import PromptStream
-from actors.tasks.registry import make_task
-from launch import plots
-from launch.config import Config, seq_len as config_seq_len
-from launch.experiments import common
-from launch.policy import build_policy
-from learner.batching import build_microbatches
-from learner.controller.throughput import GenerationThroughput, LearnerThroughput
-from learner.steps import make_train_step
-from protocols.weights import InProcessWeights
+from cadence.actors.actor_loop import Actor
+from cadence.actors.engine import JaxEngine
+from cadence.actors.prompt_stream import PromptStream
+from cadence.actors.tasks.registry import make_task
+from cadence.launch import plots
+from cadence.launch.config import Config, seq_len as config_seq_len
+from cadence.launch.experiments import common
+from cadence.launch.policy import build_policy
+from cadence.learner.batching import build_microbatches
+from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput
+from cadence.learner.steps import make_train_step
+from cadence.protocols.weights import InProcessWeights
 
 QUICK = dict(concurrencies=(1, 2, 4, 8), batch_sizes=(16, 32, 64), repeats=2, min_seconds=0.0)
 FULL = dict(concurrencies=(1, 2, 4, 8, 16, 32, 64), batch_sizes=(32, 64, 128, 256, 512, 1024), repeats=5,

@@ -1,7 +1,7 @@
 """The batch-size controller: measurements, decision rule, square-root rescaling (docs/controller.md)."""
-from learner.controller.config import ControllerConfig
-from learner.controller.controller import BatchSizeController
-from learner.controller.scaling import rescale, scaled_learner, scaled_optimizer
+from cadence.learner.controller.config import ControllerConfig
+from cadence.learner.controller.controller import BatchSizeController
+from cadence.learner.controller.scaling import rescale, scaled_learner, scaled_optimizer
 
 
 def make_controller(cfg: ControllerConfig, learner_cfg, actors_cfg):

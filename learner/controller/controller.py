@@ -17,13 +17,13 @@ import math
 
 import numpy as np
 
-from learner.config import LearnerConfig
-from learner.controller.config import ControllerConfig
-from learner.controller.decision import candidate_batch_sizes, choose_batch_size
-from learner.controller.noise import NoiseScaleEstimator
-from learner.controller.scaling import optimizer_hyper, rescale
-from learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
-from learner.loop import Decision
+from cadence.learner.config import LearnerConfig
+from cadence.learner.controller.config import ControllerConfig
+from cadence.learner.controller.decision import candidate_batch_sizes, choose_batch_size
+from cadence.learner.controller.noise import NoiseScaleEstimator
+from cadence.learner.controller.scaling import optimizer_hyper, rescale
+from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
+from cadence.learner.loop import Decision
 
 MAX_LOGGED = 1000  # decisions kept in the state dict
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from learner.config import LearnerConfig, OptimizerConfig
+from cadence.learner.config import LearnerConfig, OptimizerConfig
 
 HYPERPARAMS = ("learning_rate", "b1", "b2", "eps")
 

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from learner.models.config import ModelConfig
+from cadence.learner.models.config import ModelConfig
 
 # HF architecture name -> family. Qwen2's attention always has q/k/v biases; Llama's and Qwen3's
 # follow `attention_bias` (which then covers o_proj too).

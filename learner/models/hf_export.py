@@ -20,9 +20,9 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from learner.models import hf_config
-from learner.models.config import ModelConfig
-from learner.models.hf_load import INDEX_FILE, hf_name, is_kernel
+from cadence.learner.models import hf_config
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.hf_load import INDEX_FILE, hf_name, is_kernel
 
 # Files of the source checkpoint that describe the weights (rewritten here), not the tokenizer.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".gguf")

@@ -26,9 +26,9 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from learner.models import hf_config
-from learner.models.config import ModelConfig
-from learner.models.llama import abstract_params
+from cadence.learner.models import hf_config
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.llama import abstract_params
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

@@ -13,9 +13,9 @@ import os
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from learner.models.config import ModelConfig
-from learner.models.hf_export import export_checkpoint
-from learner.models.llama import init_params
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.hf_export import export_checkpoint
+from cadence.learner.models.llama import init_params
 
 # The Qwen2 ChatML template, minus tool calls.
 CHATML_TEMPLATE = (

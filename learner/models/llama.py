@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from learner.models.config import ModelConfig
-from learner.sharding import constrain
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.sharding import constrain
 
 # Finite rather than -inf: a query that sees no real key (a padding column) then gets a finite,
 # unused output instead of NaNs that would leak into gradients.

@@ -2,10 +2,10 @@
 sft_step (the supervised warm-up). `make_train_step` picks the RL one the config asks for."""
 from __future__ import annotations
 
-from learner.config import LearnerConfig
-from learner.steps.ppo_step import PPOTrainStep
-from learner.steps.grpo_step import GRPOTrainStep
-from learner.steps.scoring import llama_logits
+from cadence.learner.config import LearnerConfig
+from cadence.learner.steps.ppo_step import PPOTrainStep
+from cadence.learner.steps.grpo_step import GRPOTrainStep
+from cadence.learner.steps.scoring import llama_logits
 
 
 def make_train_step(graphdef, cfg: LearnerConfig, layout=None, *, completion_budget: int = 0):

@@ -33,12 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from learner import optimizer as optim
-from learner import sharding
-from learner.algorithms.grpo import finalize_metrics, grpo_token_loss
-from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
-from learner.config import LearnerConfig
-from learner.steps.scoring import score_tokens
+from cadence.learner import optimizer as optim
+from cadence.learner import sharding
+from cadence.learner.algorithms.grpo import finalize_metrics, grpo_token_loss
+from cadence.learner.batching import Microbatch, pack_microbatch, unpack_microbatch
+from cadence.learner.config import LearnerConfig
+from cadence.learner.steps.scoring import score_tokens
 
 # logits_fn(params, tokens [B, T], positions [B, T], mask [B, T]) -> logits [B, T, V]
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]

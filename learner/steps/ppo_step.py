@@ -30,14 +30,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-from learner import optimizer as optim
-from learner import sharding
-from learner.algorithms import ppo as ppo_ops
-from learner.algorithms.grpo import finalize_metrics, grpo_token_loss, token_sum
-from learner.algorithms.logprobs import chunked_token_logprobs
-from learner.batching import Microbatch, pack_microbatch, unpack_microbatch
-from learner.config import LearnerConfig
-from learner.steps.grpo_step import _sum_squares, count_sequences, master_copy
+from cadence.learner import optimizer as optim
+from cadence.learner import sharding
+from cadence.learner.algorithms import ppo as ppo_ops
+from cadence.learner.algorithms.grpo import finalize_metrics, grpo_token_loss, token_sum
+from cadence.learner.algorithms.logprobs import chunked_token_logprobs
+from cadence.learner.batching import Microbatch, pack_microbatch, unpack_microbatch
+from cadence.learner.config import LearnerConfig
+from cadence.learner.steps.grpo_step import _sum_squares, count_sequences, master_copy
 
 
 class PPOState(NamedTuple):

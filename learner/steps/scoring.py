@@ -12,8 +12,8 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
-from learner.algorithms.logprobs import TokenScores, chunked_token_logprobs, logits_token_scores
-from learner.models import llama
+from cadence.learner.algorithms.logprobs import TokenScores, chunked_token_logprobs, logits_token_scores
+from cadence.learner.models import llama
 
 
 class SplitLogits(NamedTuple):

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from learner import sharding
-from learner.batching import Microbatch, empty_microbatch
-from learner.config import SFTConfig
-from learner.steps.grpo_step import LogitsFn
-from learner.steps.scoring import score_tokens
+from cadence.learner import sharding
+from cadence.learner.batching import Microbatch, empty_microbatch
+from cadence.learner.config import SFTConfig
+from cadence.learner.steps.grpo_step import LogitsFn
+from cadence.learner.steps.scoring import score_tokens
 
 
 def build_sft_batch(

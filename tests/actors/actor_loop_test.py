@@ -6,14 +6,14 @@ import jax
 import numpy as np
 import pytest
 
-from actors.actor_loop import Actor
-from actors.engine import JaxEngine
-from actors.prompt_stream import PromptStream
-from actors.tasks.registry import make_task
-from launch.config import load_config
-from launch.policy import build_policy
-from protocols import codec
-from protocols.weights import InProcessWeights
+from cadence.actors.actor_loop import Actor
+from cadence.actors.engine import JaxEngine
+from cadence.actors.prompt_stream import PromptStream
+from cadence.actors.tasks.registry import make_task
+from cadence.launch.config import load_config
+from cadence.launch.policy import build_policy
+from cadence.protocols import codec
+from cadence.protocols.weights import InProcessWeights
 
 G = 4
 
@@ -58,7 +58,7 @@ def test_a_hanging_environment_does_not_hang_the_actor(tmp_path):
     import threading
     import time
 
-    from actors.env_runner import EnvRunner
+    from cadence.actors.env_runner import EnvRunner
 
     cfg = load_config(files=["examples/calculator/config.yaml"], overrides=["task.env_timeout_s=0.5"])
     policy = build_policy(cfg)

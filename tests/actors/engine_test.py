@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actors.engine import EngineConfig, JaxEngine, categorical, nucleus_log_mass, sample_step, sample_token
-from learner.models import llama
-from learner.models.config import ModelConfig
+from cadence.actors.engine import EngineConfig, JaxEngine, categorical, nucleus_log_mass, sample_step, sample_token
+from cadence.learner.models import llama
+from cadence.learner.models.config import ModelConfig
 
 MODEL = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=32)
 NO_EOS = MODEL.vocab_size  # outside the vocabulary: never sampled
@@ -254,7 +254,7 @@ def test_engine_config_validate_names_the_field(change, field):
 
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 0.7), (0.7, 0.9), (1.0, 1.0)])
 def test_kept_logmass_gives_the_true_sampling_probability_and_the_truncation_kl(temperature, top_p):
-    from actors.engine import nucleus_log_mass
+    from cadence.actors.engine import nucleus_log_mass
     p = np.array([0.5, 0.3, 0.15, 0.05])
     n = 20_000
     logits = jnp.broadcast_to(jnp.log(jnp.asarray(p, jnp.float32)), (n, 4))

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from actors.env_runner import EnvRunner
+from cadence.actors.env_runner import EnvRunner
 
 
 def test_calls_run_concurrently():

@@ -9,18 +9,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actors.engine import EngineConfig, JaxEngine
-from actors.env_runner import EnvRunner
-from actors.episodes import ENV_TIMEOUT, build_groups, generate_rollouts, run_episodes
-from actors.tasks.base import Prompt, Step
-from learner.algorithms import ppo as ppo_ops
-from learner.algorithms.logprobs import token_logprobs_and_entropy
-from learner.batching import build_microbatches
-from learner.config import GRPOConfig
-from learner.models.char_tokenizer import CharTokenizer
-from learner.models.config import ModelConfig
-from learner.models.llama import forward, init_params
-from protocols.messages import EngineTimings, RolloutGroup
+from cadence.actors.engine import EngineConfig, JaxEngine
+from cadence.actors.env_runner import EnvRunner
+from cadence.actors.episodes import ENV_TIMEOUT, build_groups, generate_rollouts, run_episodes
+from cadence.actors.tasks.base import Prompt, Step
+from cadence.learner.algorithms import ppo as ppo_ops
+from cadence.learner.algorithms.logprobs import token_logprobs_and_entropy
+from cadence.learner.batching import build_microbatches
+from cadence.learner.config import GRPOConfig
+from cadence.learner.models.char_tokenizer import CharTokenizer
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.llama import forward, init_params
+from cadence.protocols.messages import EngineTimings, RolloutGroup
 
 OBS = (30, 31, 32)  # what the scripted tool answers every turn
 

@@ -6,12 +6,12 @@ score now counts as not matching and the failures are reported as eval/reward_er
 """
 import numpy as np
 
-from actors.engine import GenerationResult
-from actors.evaluation import evaluate_heldout
-from actors.rewards.scoring import InlineScorer, score_groups
-from actors.tasks.base import Score
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
+from cadence.actors.engine import GenerationResult
+from cadence.actors.evaluation import evaluate_heldout
+from cadence.actors.rewards.scoring import InlineScorer, score_groups
+from cadence.actors.tasks.base import Score
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
 
 
 class AnswerEngine:
@@ -69,6 +69,6 @@ def test_training_groups_keep_exact_match_when_one_reward_fails():
 
 
 def test_a_task_without_answers_keeps_none():
-    from actors.rewards.scoring import failures_as_misses
+    from cadence.actors.rewards.scoring import failures_as_misses
     scores = [Score(0.0, None, {}, "timeout"), Score(1.0)]
     assert [s.exact_match for s in failures_as_misses(scores)] == [None, None]

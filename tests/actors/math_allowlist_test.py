@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from actors.tasks import math_expr, math_verifier
+from cadence.actors.tasks import math_expr, math_verifier
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "actors", "tasks", "data", "math_sample.jsonl")
 
@@ -28,7 +28,7 @@ REPRODUCERS = {
 
 
 def _check_in_child(reference: str, completion: str, timeout: float = 20.0) -> dict:
-    code = ("import json, sys; from actors.tasks import math_verifier as m; text = sys.stdin.read(); "
+    code = ("import json, sys; from cadence.actors.tasks import math_verifier as m; text = sys.stdin.read(); "
             "ok = m.is_equivalent(sys.argv[1], text); "
             "check = getattr(m, 'check', None); refused = check(sys.argv[1], text).refused if check else None; "
             "print(json.dumps({'equivalent': ok, 'refused': refused}))")
@@ -123,7 +123,7 @@ def test_random_allowed_expressions_all_return_quickly():
                            f"\\sqrt{{{a}}}", f"({a})!", f"\\binom{{{a}}}{{{b}}}", f"\\sin({a})", f"\\sqrt[3]{{{a}}}"])
 
     cases = [f"\\boxed{{{expr(6)}}}" for _ in range(2000)]
-    code = ("import json, sys; from actors.tasks import math_verifier as m; "
+    code = ("import json, sys; from cadence.actors.tasks import math_verifier as m; "
             "cases = json.load(sys.stdin); "
             "print(json.dumps([m.check('1', c).refused for c in cases]))")
     env = dict(os.environ, PYTHONPATH=os.getcwd())
@@ -139,12 +139,12 @@ def test_random_allowed_expressions_all_return_quickly():
 
 INLINE = """
 import json, sys
-from actors.rewards.scoring import InlineScorer
-from actors.tasks.base import Completion
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
-from learner.models.hf_random import write_tiny_tokenizer
-from learner.models.hf_tokenizer import HFTokenizer
+from cadence.actors.rewards.scoring import InlineScorer
+from cadence.actors.tasks.base import Completion
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.learner.models.hf_random import write_tiny_tokenizer
+from cadence.learner.models.hf_tokenizer import HFTokenizer
 write_tiny_tokenizer(sys.argv[2])
 task = make_task(TaskConfig(name="jsonl", path=sys.argv[1], heldout_size=3, reward_workers=0), HFTokenizer(sys.argv[2]))
 prompt = task.heldout()[0]

@@ -12,16 +12,16 @@ import sys
 
 import pytest
 
-from actors.actor_loop import Actor
-from actors.prompt_stream import PromptStream
-from actors.rewards.pool import RewardPool
-from actors.tasks import math_verifier
-from actors.tasks.base import Completion
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task, task_factory
-from learner.models.hf_random import write_tiny_tokenizer
-from learner.models.hf_tokenizer import HFTokenizer
-from protocols.weights import InProcessWeights
+from cadence.actors.actor_loop import Actor
+from cadence.actors.prompt_stream import PromptStream
+from cadence.actors.rewards.pool import RewardPool
+from cadence.actors.tasks import math_verifier
+from cadence.actors.tasks.base import Completion
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task, task_factory
+from cadence.learner.models.hf_random import write_tiny_tokenizer
+from cadence.learner.models.hf_tokenizer import HFTokenizer
+from cadence.protocols.weights import InProcessWeights
 from tests.scripted_engine import ScriptedEngine
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "actors", "tasks", "data", "math_sample.jsonl")
@@ -41,7 +41,7 @@ HOSTILE = [
 def test_hostile_completion_is_refused_quickly_and_runs_no_code(completion, tmp_path):
     sentinel = tmp_path / "pwned"
     text = completion.replace("{sentinel}", str(sentinel))
-    code = ("import json, sys; from actors.tasks import math_verifier as m; "
+    code = ("import json, sys; from cadence.actors.tasks import math_verifier as m; "
             "print(json.dumps(m.is_equivalent('1', sys.argv[1])))")
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     try:

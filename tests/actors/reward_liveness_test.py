@@ -12,20 +12,20 @@ import threading
 import numpy as np
 import zmq
 
-from actors.actor_loop import Actor
-from actors.engine import GenerationResult
-from actors.prompt_stream import PromptStream
-from actors.rewards.pool import RewardPool
-from actors.tasks.base import Completion, Prompt
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
-from protocols.admission import AdmissionGate
-from protocols.dispatch import Dispatcher, DispatchSettings
-from protocols.dispatch_client import DispatcherClient
-from protocols.dispatch_server import DispatchServer
-from protocols.ledger import SampleLedger
-from protocols.transport import InProcessTransport
-from protocols.weights import InProcessWeights
+from cadence.actors.actor_loop import Actor
+from cadence.actors.engine import GenerationResult
+from cadence.actors.prompt_stream import PromptStream
+from cadence.actors.rewards.pool import RewardPool
+from cadence.actors.tasks.base import Completion, Prompt
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.dispatch import Dispatcher, DispatchSettings
+from cadence.protocols.dispatch_client import DispatcherClient
+from cadence.protocols.dispatch_server import DispatchServer
+from cadence.protocols.ledger import SampleLedger
+from cadence.protocols.transport import InProcessTransport
+from cadence.protocols.weights import InProcessWeights
 
 SLOW_TASK = '''
 import time

@@ -9,17 +9,17 @@ still score.
 import json
 import os
 
-from actors.rewards import make_scorer
-from actors.rewards.pool import RewardPool
-from actors.tasks.base import Completion
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
-from learner.models.char_tokenizer import CharTokenizer
-from learner.models.hf_random import write_tiny_tokenizer
-from learner.models.hf_tokenizer import HFTokenizer
+from cadence.actors.rewards import make_scorer
+from cadence.actors.rewards.pool import RewardPool
+from cadence.actors.tasks.base import Completion
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.learner.models.char_tokenizer import CharTokenizer
+from cadence.learner.models.hf_random import write_tiny_tokenizer
+from cadence.learner.models.hf_tokenizer import HFTokenizer
 
 RECORDS_TASK = '''
-from actors.tasks.records import RecordsTask
+from cadence.actors.tasks.records import RecordsTask
 
 
 def reward(prompt, completion):

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from actors.rewards.pool import RewardPool, RewardWorkerError
-from actors.rewards.scoring import InlineScorer
-from actors.tasks.base import Completion, Prompt
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task, task_factory
-from learner.models.char_tokenizer import CharTokenizer
+from cadence.actors.rewards.pool import RewardPool, RewardWorkerError
+from cadence.actors.rewards.scoring import InlineScorer
+from cadence.actors.tasks.base import Completion, Prompt
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task, task_factory
+from cadence.learner.models.char_tokenizer import CharTokenizer
 
 HOSTILE_TASK = '''
 import math, os, signal, sys, time

@@ -10,8 +10,8 @@ import threading
 import pytest
 from aiohttp import web
 
-from actors.rewards.remote import RemoteScorer
-from actors.tasks.base import Completion, Prompt
+from cadence.actors.rewards.remote import RemoteScorer
+from cadence.actors.tasks.base import Completion, Prompt
 
 
 class JudgeServer:

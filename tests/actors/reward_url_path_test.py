@@ -15,16 +15,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from actors.actor_loop import Actor
-from actors.rewards.remote import RemoteScorer
-from launch.actor_process import prepare
-from protocols.weights import InProcessWeights
+from cadence.actors.actor_loop import Actor
+from cadence.actors.rewards.remote import RemoteScorer
+from cadence.launch.actor_process import prepare
+from cadence.protocols.weights import InProcessWeights
 from tests.scripted_engine import ScriptedEngine
 
 TASK = '''
 import numpy as np
-from actors.tasks.base import Prompt, Score
-from learner.models.char_tokenizer import CharTokenizer
+from cadence.actors.tasks.base import Prompt, Score
+from cadence.learner.models.char_tokenizer import CharTokenizer
 
 
 class NumpyMetadataTask:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from actors.sglang.server import ServerProcess
+from cadence.actors.sglang.server import ServerProcess
 from tests.waiting import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,7 +25,7 @@ time.sleep(600)
 # The launching process: starts the stand-in through ServerProcess, prints its pid, waits.
 LAUNCHER = """
 import sys, time
-import actors.sglang.server as server
+import cadence.actors.sglang.server as server
 if sys.argv[2] == "unguarded":  # the control: the same launch without the watcher
     server.die_with_parent = lambda command: list(command)
 p = server.ServerProcess(sys.executable, "fake_server", (), log_dir=sys.argv[1], env=("PYTHONPATH=" + sys.argv[1],))

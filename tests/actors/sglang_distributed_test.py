@@ -22,15 +22,15 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from actors.config import SGLangConfig
-from actors.sglang.engine import SGLangEngine, SGLangError
-from actors.sglang.server import free_port
-from actors.sglang.weight_broadcast import (UpdateGroup, bucket_tensors, init_request, plan_buckets,
+from cadence.actors.config import SGLangConfig
+from cadence.actors.sglang.engine import SGLangEngine, SGLangError
+from cadence.actors.sglang.server import free_port
+from cadence.actors.sglang.weight_broadcast import (UpdateGroup, bucket_tensors, init_request, plan_buckets,
                                             update_request)
-from learner.models.config import ModelConfig
-from learner.models.hf_export import HFTensor, export_checkpoint, hf_tensors
-from learner.models.hf_random import write_random_checkpoint
-from learner.models.llama import forward, init_params
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.hf_export import HFTensor, export_checkpoint, hf_tensors
+from cadence.learner.models.hf_random import write_random_checkpoint
+from cadence.learner.models.llama import forward, init_params
 
 CK = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64)
 TOKENS = [[1, 5, 9, 3, 7, 2, 11, 40]]
@@ -309,11 +309,11 @@ def test_cli_train_with_distributed_sync_carries_the_learning_to_the_server(tmp_
             "actors.sglang.launch_module=tests.actors.dist_receiver", "actors.sglang.launch_args=[]",
             f"actors.sglang.launch_env=[PYTHONPATH={root},JAX_PLATFORMS=cpu]", "actors.sglang.compile_cache=false",
             "actors.sglang.sync=distributed", "actors.sglang.dist_backend=gloo"]
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", *args], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", *args], capture_output=True, text=True,
                          timeout=900, env=dict(os.environ, PYTHONPATH=root, GLOO_SOCKET_IFNAME="lo"))
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
-    from launch.metrics import read_metrics
+    from cadence.launch.metrics import read_metrics
     rows = read_metrics(str(run))
     assert [r["step"] for r in rows] == list(range(steps + 1)) and summary["ledger"]["in_flight"] == 0
     assert max(r["staleness/max"] for r in rows[1:]) <= 1

@@ -14,20 +14,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actors.actor_loop import Actor
-from actors.config import SGLangConfig
-from actors.prompt_stream import PromptStream
-from actors.sglang.alignment import parse_completion
-from actors.sglang.checkpoint import export_for_server
-from actors.sglang.client import completion_request
-from actors.sglang.engine import GenerationAborted, SGLangEngine, SGLangError
-from actors.sglang.testing import SKIP_REASON, sglang_python, tiny_server_model
-from actors.tasks.registry import make_task
-from actors.tasks.config import TaskConfig
-from learner.algorithms.logprobs import token_logprobs_and_entropy
-from learner.models.hf_export import hf_tensors
-from learner.models.llama import forward, init_params
-from protocols.ledger import SampleLedger
+from cadence.actors.actor_loop import Actor
+from cadence.actors.config import SGLangConfig
+from cadence.actors.prompt_stream import PromptStream
+from cadence.actors.sglang.alignment import parse_completion
+from cadence.actors.sglang.checkpoint import export_for_server
+from cadence.actors.sglang.client import completion_request
+from cadence.actors.sglang.engine import GenerationAborted, SGLangEngine, SGLangError
+from cadence.actors.sglang.testing import SKIP_REASON, sglang_python, tiny_server_model
+from cadence.actors.tasks.registry import make_task
+from cadence.actors.tasks.config import TaskConfig
+from cadence.learner.algorithms.logprobs import token_logprobs_and_entropy
+from cadence.learner.models.hf_export import hf_tensors
+from cadence.learner.models.llama import forward, init_params
+from cadence.protocols.ledger import SampleLedger
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang,
               pytest.mark.skipif(not sglang_python(), reason=SKIP_REASON)]

@@ -11,15 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actors.config import SGLangConfig
-from actors.episodes import generate_rollouts
-from actors.sglang.checkpoint import export_for_server
-from actors.sglang.engine import SGLangEngine
-from actors.sglang.testing import SKIP_REASON, sglang_python, tiny_server_model
-from actors.tasks.base import Prompt, Step
-from learner.algorithms.logprobs import token_logprobs_and_entropy
-from learner.models.char_tokenizer import CharTokenizer
-from learner.models.llama import forward, init_params
+from cadence.actors.config import SGLangConfig
+from cadence.actors.episodes import generate_rollouts
+from cadence.actors.sglang.checkpoint import export_for_server
+from cadence.actors.sglang.engine import SGLangEngine
+from cadence.actors.sglang.testing import SKIP_REASON, sglang_python, tiny_server_model
+from cadence.actors.tasks.base import Prompt, Step
+from cadence.learner.algorithms.logprobs import token_logprobs_and_entropy
+from cadence.learner.models.char_tokenizer import CharTokenizer
+from cadence.learner.models.llama import forward, init_params
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang,
               pytest.mark.skipif(not sglang_python(), reason=SKIP_REASON)]

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from actors.config import ActorsConfig, SGLangConfig
-from actors.sglang.alignment import MalformedResponse, MisalignedResponse, parse_completion
-from actors.sglang.client import ServerUnavailable, SGLangClient
-from actors.sglang.engine import SGLangEngine, SGLangError
-from actors.sglang.server import free_port
+from cadence.actors.config import ActorsConfig, SGLangConfig
+from cadence.actors.sglang.alignment import MalformedResponse, MisalignedResponse, parse_completion
+from cadence.actors.sglang.client import ServerUnavailable, SGLangClient
+from cadence.actors.sglang.engine import SGLangEngine, SGLangError
+from cadence.actors.sglang.server import free_port
 
 
 def body(ids, lps=None, n=None, reason="length"):
@@ -220,7 +220,7 @@ def test_config_validation_names_the_field(monkeypatch):
 
 
 def test_launched_servers_share_a_compilation_cache_unless_configured_otherwise(tmp_path):
-    from actors.sglang.engine import server_env
+    from cadence.actors.sglang.engine import server_env
     env = dict(e.split("=", 1) for e in server_env(SGLangConfig(), str(tmp_path)))
     assert env["JAX_PLATFORMS"] == "cpu"
     assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax-cache")

@@ -18,8 +18,8 @@ import sys
 import numpy as np
 import pytest
 
-from actors.sglang.testing import SKIP_REASON, sglang_python
-from launch.metrics import read_metrics
+from cadence.actors.sglang.testing import SKIP_REASON, sglang_python
+from cadence.launch.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang,
               pytest.mark.skipif(not sglang_python(), reason=SKIP_REASON)]
@@ -35,7 +35,7 @@ def test_cli_train_with_sglang_engine_improves_reward(tmp_path):
             "model.d_model=256", "model.n_heads=2", "model.n_kv_heads=2", "model.d_ff=256", "model.n_layers=1",
             "learner.batch_size=64", "actors.prompts_per_call=8", f"actors.max_staleness={STALENESS}",
             "actors.engine=sglang", f"actors.sglang.launch_python={sglang_python()}"]
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", *args], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", *args], capture_output=True,
                          text=True, timeout=1800, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])

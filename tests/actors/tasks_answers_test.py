@@ -2,9 +2,9 @@
 
 import pytest
 
-from actors.tasks import TaskConfig
-from actors.tasks.registry import make_task
-from learner.models.char_tokenizer import CharTokenizer
+from cadence.actors.tasks import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.learner.models.char_tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 DIGIT_OF = {TOK.digit_id(d): str(d) for d in range(10)}

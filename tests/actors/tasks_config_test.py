@@ -2,10 +2,10 @@ import dataclasses
 
 import pytest
 
-from actors.tasks import TaskConfig
-from actors.tasks.registry import make_task
-from actors.tasks.add_reversed import AddReversedTask
-from actors.tasks.sort import SortTask
+from cadence.actors.tasks import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.actors.tasks.add_reversed import AddReversedTask
+from cadence.actors.tasks.sort import SortTask
 
 
 def test_defaults_validate():

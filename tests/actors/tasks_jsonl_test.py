@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from actors.tasks import math_verifier
-from actors.tasks.registry import make_task
-from actors.tasks.config import TaskConfig
-from actors.tasks.jsonl_task import JsonlMathTask
-from learner.models.hf_random import write_tiny_tokenizer
-from learner.models.hf_tokenizer import HFTokenizer
+from cadence.actors.tasks import math_verifier
+from cadence.actors.tasks.registry import make_task
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.jsonl_task import JsonlMathTask
+from cadence.learner.models.hf_random import write_tiny_tokenizer
+from cadence.learner.models.hf_tokenizer import HFTokenizer
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "actors", "tasks", "data", "math_sample.jsonl")
 

@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from actors.tasks.base import Completion, Score
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
-from launch.config import load_config
-from launch.config_loader import ConfigError
+from cadence.actors.tasks.base import Completion, Score
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.launch.config import load_config
+from cadence.launch.config_loader import ConfigError
 
 PLUGIN = '''
-from actors.tasks.base import Prompt, Score
+from cadence.actors.tasks.base import Prompt, Score
 
 class Echo:
     """Reward: how many characters of the completion equal args.char (no reference answer)."""
@@ -95,7 +95,7 @@ def test_config_takes_args_as_overrides_files_and_round_trips(plugin_dir, tmp_pa
     cfg2 = load_config([str(yaml_file)], ["task.args.repeat=3"])
     assert cfg2.task.args == {"char": "7", "extra": [1, 2], "repeat": 3}  # merged key by key
     # --print-config output loads back to the same config
-    from launch import cli
+    from cadence.launch import cli
     assert cli.main(["train", "--config", str(yaml_file), "task.args.repeat=3", "--print-config"]) == 0
     printed = tmp_path / "printed.yaml"
     printed.write_text(capsys.readouterr().out)
@@ -115,7 +115,7 @@ def test_config_errors_name_the_key(plugin_dir):
 
 def test_cli_rejects_a_plugin_that_does_not_import_with_exit_2(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", "task.name=not_a_module_abc:make",
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", "task.name=not_a_module_abc:make",
                           f"run.dir={tmp_path / 'r'}"], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2
     assert "task.name: cannot import task module 'not_a_module_abc'" in out.stderr
@@ -166,8 +166,8 @@ def test_no_import_circle_among_the_actors_modules():
 def test_a_plugin_run_gets_one_plain_run_folder():
     import dataclasses
 
-    from launch.artifacts import default_run_dir
-    from launch.config import Config
+    from cadence.launch.artifacts import default_run_dir
+    from cadence.launch.config import Config
 
     cfg = dataclasses.replace(Config(), task=TaskConfig(name="examples/calc/calculator_task.py:make"))
     path = default_run_dir(cfg)

@@ -5,11 +5,11 @@ import random
 import numpy as np
 import pytest
 
-from actors.tasks import Prompt, TaskConfig
-from actors.tasks.registry import make_task
-from actors.tasks import scoring
-from actors.tasks.evaluate import exact_match_rate, mean_reward
-from learner.models.char_tokenizer import CharTokenizer
+from cadence.actors.tasks import Prompt, TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.actors.tasks import scoring
+from cadence.actors.tasks.evaluate import exact_match_rate, mean_reward
+from cadence.learner.models.char_tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 EOS, PAD, UNK = TOK.eos_id, TOK.pad_id, TOK.unk_id

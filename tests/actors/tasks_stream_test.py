@@ -2,8 +2,8 @@
 
 import pytest
 
-from actors.tasks import TaskConfig
-from actors.tasks.registry import make_task
+from cadence.actors.tasks import TaskConfig
+from cadence.actors.tasks.registry import make_task
 
 CONFIGS = [TaskConfig(name="sort", num_digits=6), TaskConfig(name="add_reversed", num_digits=3)]
 

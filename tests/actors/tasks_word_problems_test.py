@@ -7,15 +7,15 @@ import re
 
 import pytest
 
-from actors.tasks.base import Completion
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
-from actors.tasks.word_problem_gen import generate
-from actors.tasks.word_problems import HELDOUT_SPLIT, TRAIN_SPLIT, WordProblemsTask
-from launch.config import load_config
-from launch.config_loader import ConfigError
-from learner.models.hf_random import write_tiny_tokenizer
-from learner.models.hf_tokenizer import HFTokenizer
+from cadence.actors.tasks.base import Completion
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.actors.tasks.word_problem_gen import generate
+from cadence.actors.tasks.word_problems import HELDOUT_SPLIT, TRAIN_SPLIT, WordProblemsTask
+from cadence.launch.config import load_config
+from cadence.launch.config_loader import ConfigError
+from cadence.learner.models.hf_random import write_tiny_tokenizer
+from cadence.learner.models.hf_tokenizer import HFTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 import pytest
 
-from launch.config import load_config
+from cadence.launch.config import load_config
 
 # Small but real: the default model and task, fewer steps, a smaller held-out set.
 FAST = ["learner.sft.steps=10", "task.heldout_size=64", "run.progress=false"]

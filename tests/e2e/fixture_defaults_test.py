@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from launch.config import load_config
-from launch.metrics import read_metrics
-from launch.train import train
+from cadence.launch.config import load_config
+from cadence.launch.metrics import read_metrics
+from cadence.launch.train import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURE = os.path.join(os.path.dirname(ROOT), "shared", "fixtures", "sort6-sft-llama")

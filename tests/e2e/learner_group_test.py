@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from launch.metrics import read_metrics
+from cadence.launch.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ COMPARED = ("loss", "pg_loss", "grad_norm", "clip_frac", "entropy", "reward/mean
 
 def cadence(*args, timeout=1500):
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, "-m", "launch.cli", "train", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", *args], capture_output=True,
                           text=True, env=env, timeout=timeout)
 
 
@@ -72,7 +72,7 @@ def test_sigterm_to_the_group_saves_a_final_checkpoint_and_exits_zero(tmp_path):
 
     run = str(tmp_path / "run")
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "train", "learner.processes=2", *BASE,
+    proc = subprocess.Popen([sys.executable, "-m", "cadence.launch.cli", "train", "learner.processes=2", *BASE,
                              "run.steps=500", "checkpoint.every_steps=0", f"run.dir={run}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     metrics = os.path.join(run, "metrics.jsonl")

@@ -6,8 +6,8 @@ import sys
 
 import numpy as np
 
-from launch.metrics import read_metrics
-from launch.train import train
+from cadence.launch.metrics import read_metrics
+from cadence.launch.train import train
 
 
 def test_short_run_raises_training_reward(small_config, tmp_path):
@@ -27,7 +27,7 @@ def test_short_run_raises_training_reward(small_config, tmp_path):
 def test_cli_train_then_eval(tmp_path):
     run = tmp_path / "cli-run"
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", f"run.dir={run}", "run.steps=4",
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", f"run.dir={run}", "run.steps=4",
                           "run.eval_every=2", "learner.sft.steps=2", "task.heldout_size=32"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
@@ -38,17 +38,17 @@ def test_cli_train_then_eval(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     assert all(r["wall_time"] >= 0 for r in rows)
     assert rows[2]["eval/exact_match"] is not None
-    ev = subprocess.run([sys.executable, "-m", "launch.cli", "eval", str(run)],
+    ev = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "eval", str(run)],
                         capture_output=True, text=True, timeout=300, env=env)
     assert ev.returncode == 0, ev.stderr
     result = json.loads(ev.stdout)
     assert result["heldout_size"] == 32
     assert result["eval/exact_match"] == summary["final_eval"]["eval/exact_match"]
     # a second run into the same directory refuses instead of mixing two runs' metrics
-    again = subprocess.run([sys.executable, "-m", "launch.cli", "train", f"run.dir={run}", "run.steps=1"],
+    again = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", f"run.dir={run}", "run.steps=1"],
                            capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 2 and "already holds a run" in again.stderr
-    bad = subprocess.run([sys.executable, "-m", "launch.cli", "eval", str(tmp_path / "nothing")],
+    bad = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "eval", str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 1 and "not a Cadence run directory" in bad.stderr
 

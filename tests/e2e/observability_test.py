@@ -13,9 +13,9 @@ import urllib.request
 
 import pytest
 
-from launch.metrics import read_metrics
-from launch.prometheus import GAUGES
-from launch.sinks import scalars
+from cadence.launch.metrics import read_metrics
+from cadence.launch.prometheus import GAUGES
+from cadence.launch.sinks import scalars
 from tests.sink_readers import read_offline_run, tensorboard_scalars
 from tests.waiting import wait_for
 
@@ -32,7 +32,7 @@ def free_port() -> int:
 
 def cadence(*args, env=None, log=None, wait=True, timeout=600):
     env = dict(os.environ, PYTHONPATH=os.getcwd(), **(env or {}))
-    cmd = [sys.executable, "-m", "launch.cli", *args]
+    cmd = [sys.executable, "-m", "cadence.launch.cli", *args]
     if not wait:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -184,7 +184,7 @@ def test_failing_sinks_do_not_stop_a_real_run(tmp_path):
 def test_a_sink_raising_mid_run_is_switched_off(small_config, tmp_path, monkeypatch, capsys):
     from tensorboardX.writer import FileWriter
 
-    from launch.train import train
+    from cadence.launch.train import train
 
     original = FileWriter.add_summary
 

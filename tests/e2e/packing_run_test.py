@@ -1,9 +1,9 @@
 """A short run of the default pipeline with packed microbatches (learner.microbatch_tokens)."""
 import pytest
 
-from launch.config_loader import ConfigError
-from launch.metrics import read_metrics
-from launch.train import train
+from cadence.launch.config_loader import ConfigError
+from cadence.launch.metrics import read_metrics
+from cadence.launch.train import train
 
 
 def test_a_run_with_packed_microbatches_trains_and_reports_the_row_fill(small_config, tmp_path):

@@ -14,14 +14,14 @@ import sys
 import numpy as np
 import pytest
 
-from launch.metrics import read_metrics
+from cadence.launch.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
 TASK = '''
 import os, signal, time
 import numpy as np
-from actors.tasks.base import Prompt, Score
+from cadence.actors.tasks.base import Prompt, Score
 
 class DigitsTask:
     """Write digits: per character of the completion (4 at most), half a point for a digit and
@@ -75,7 +75,7 @@ def run_cli(tmp_path, *overrides):
     (plugins / "digits_task.py").write_text(TASK)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugins), os.getcwd()]))
     run = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", "task.name=digits_task:make",
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", "task.name=digits_task:make",
                           f"run.dir={run}", "run.progress=false", "learner.sft.steps=30",
                           "learner.batch_size=64", "actors.prompts_per_call=8", *overrides],
                          capture_output=True, text=True, timeout=900, env=env)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from launch.metrics import read_metrics
+from cadence.launch.metrics import read_metrics
 from tests.proc_table import processes
 from tests.waiting import wait_for
 
@@ -26,7 +26,7 @@ BASE = ["learner.sft.steps=10", "task.heldout_size=32", "run.eval_every=20", "ru
 
 def cli(*args, wait=False):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "launch.cli", *args]
+    cmd = [sys.executable, "-m", "cadence.launch.cli", *args]
     if wait:
         return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -47,7 +47,7 @@ def browse(tmp_path, *args) -> subprocess.CompletedProcess:
 
 def train(run, *overrides):
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", f"run.dir={run}", "run.steps=24",
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", f"run.dir={run}", "run.steps=24",
                           "run.eval_every=4", "learner.sft.steps=10", "task.heldout_size=32", "run.progress=false",
                           *overrides], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -62,7 +62,7 @@ def test_report_of_real_runs_renders_every_plot_in_chromium(tmp_path):
     train(b, "controller.enabled=true", "controller.window=4", "controller.dwell=4", "controller.hysteresis=0.0",
           "controller.min_batch_size=64", "controller.max_batch_size=256")
     out = tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-m", "launch.cli", "report", str(a), str(b), "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "report", str(a), str(b), "--out", str(out)],
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()), timeout=300)
     assert done.returncode == 0, done.stderr
     page = out.read_text()

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from launch.metrics import read_metrics
+from cadence.launch.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ TIMING = ("seconds", "per_second", "wall_time", "checkpoint/", "actors/", "actor
 
 def cadence(*args, wait=True):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "launch.cli", "train", *args]
+    cmd = [sys.executable, "-m", "cadence.launch.cli", "train", *args]
     if not wait:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from actors.sglang.testing import SKIP_REASON, sglang_python
-from launch.metrics import read_metrics
+from cadence.actors.sglang.testing import SKIP_REASON, sglang_python
+from cadence.launch.metrics import read_metrics
 from tests.proc_table import processes
 from tests.waiting import wait_for
 
@@ -41,7 +41,7 @@ def train():
 
     def start(*argv):
         env = dict(os.environ, PYTHONPATH=ROOT)
-        started.append(subprocess.Popen([sys.executable, "-m", "launch.cli", "train", *argv],
+        started.append(subprocess.Popen([sys.executable, "-m", "cadence.launch.cli", "train", *argv],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
         return started[-1]
 

@@ -36,7 +36,7 @@ def _hwm_mb(pid: int) -> int | None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_grpo_on_smollm2_runs_the_loop_in_bounded_memory(smollm2_dir, tmp_path):
     run_dir = str(tmp_path / "run")
-    cmd = [sys.executable, "-m", "launch.cli", "train",
+    cmd = [sys.executable, "-m", "cadence.launch.cli", "train",
            "--config", os.path.join(ROOT, "examples", "smollm2-word-problems", "config.yaml"),
            f"model.path={smollm2_dir}", "task.max_ops=1", "task.heldout_size=16",
            "engine.max_new_tokens=42", "learner.batch_size=16", "learner.group_size=8",

@@ -1,8 +1,8 @@
 """With a deliberately slow learner, no update uses a sample older than max_staleness versions."""
 import pytest
 
-from launch.metrics import read_metrics
-from launch.train import train
+from cadence.launch.metrics import read_metrics
+from cadence.launch.train import train
 from tests.slow_learner import SlowLearner
 
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from launch.train import train
+from cadence.launch.train import train
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ class HangingLearner:
 
 
 def status(run):
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "status", run, "--json"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "status", run, "--json"], capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()), timeout=120)
     return json.loads(out.stdout), out.returncode
 

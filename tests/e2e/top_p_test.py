@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from launch.metrics import read_metrics
-from launch.train import train
+from cadence.launch.metrics import read_metrics
+from cadence.launch.train import train
 
 
 @pytest.mark.parametrize("behavior", ["full", "nucleus"])

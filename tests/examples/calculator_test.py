@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from actors.rewards.scoring import make_completion
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
-from launch.metrics import read_metrics
-from learner.models.char_tokenizer import CharTokenizer
+from cadence.actors.rewards.scoring import make_completion
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.launch.metrics import read_metrics
+from cadence.learner.models.char_tokenizer import CharTokenizer
 
 HERE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "calculator")
 NAME = os.path.join(HERE, "calculator_task.py") + ":make"
@@ -39,7 +39,7 @@ def test_environment_answers_calls_and_scores_answers():
 def test_tiny_model_learns_to_use_the_calculator(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", "--config", os.path.join(HERE, "config.yaml"),
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", "--config", os.path.join(HERE, "config.yaml"),
                           f"run.dir={run}", "run.steps=150", "run.eval_every=75", "run.progress=false"],
                          capture_output=True, text=True, timeout=1200, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -69,10 +69,10 @@ def test_warmup_transcript_keeps_the_tools_output_out_of_the_loss():
 def test_supervised_warmup_trains_only_on_the_models_tokens():
     """The warm-up's batches (launch/train.py) carry the transcripts' masks: the tool's output is
     in the context, out of the loss."""
-    from actors.prompt_stream import PromptStream
-    from launch.config import load_config
-    from launch.metrics import Progress
-    from launch.train import supervised_warmup
+    from cadence.actors.prompt_stream import PromptStream
+    from cadence.launch.config import load_config
+    from cadence.launch.metrics import Progress
+    from cadence.launch.train import supervised_warmup
 
     tok = CharTokenizer()
     task = make_task(TaskConfig(name=NAME, args={"digits": 2}), tok)

@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from actors.tasks.base import Completion
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
-from learner.models.hf_random import write_tiny_tokenizer
-from learner.models.hf_tokenizer import HFTokenizer
+from cadence.actors.tasks.base import Completion
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.learner.models.hf_random import write_tiny_tokenizer
+from cadence.learner.models.hf_tokenizer import HFTokenizer
 
 HERE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "code_tests")
 sys.path.insert(0, HERE)

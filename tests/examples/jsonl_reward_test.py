@@ -1,11 +1,11 @@
 """examples/jsonl_reward: the task builds from the example's files and its reward reads the text."""
 import os
 
-from actors.rewards.scoring import make_completion
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
-from launch.config import load_config
-from learner.models.char_tokenizer import CharTokenizer
+from cadence.actors.rewards.scoring import make_completion
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.launch.config import load_config
+from cadence.learner.models.char_tokenizer import CharTokenizer
 
 HERE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "jsonl_reward")
 

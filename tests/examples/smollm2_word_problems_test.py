@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from launch.config import load_config
-from learner.models.config import ModelConfig
-from learner.models.hf_random import write_random_checkpoint
+from cadence.launch.config import load_config
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.hf_random import write_random_checkpoint
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 HERE = os.path.join(ROOT, "examples", "smollm2-word-problems")

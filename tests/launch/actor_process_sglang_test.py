@@ -5,12 +5,12 @@ import os
 
 import pytest
 
-from actors.config import ActorsConfig, SGLangConfig
-from launch import config_loader
-from launch.actor_process import local_sglang
-from launch.config import Config
-from launch import pipeline
-from launch.supervisor import ActorSupervisor
+from cadence.actors.config import ActorsConfig, SGLangConfig
+from cadence.launch import config_loader
+from cadence.launch.actor_process import local_sglang
+from cadence.launch.config import Config
+from cadence.launch import pipeline
+from cadence.launch.supervisor import ActorSupervisor
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_one_actor_process_sees_its_own_servers(monkeypatch, no_python):
 
 
 def test_a_restarted_process_removes_the_checkpoints_its_predecessor_exported(tmp_path):
-    from launch.actor_process import _LocalFiles
+    from cadence.launch.actor_process import _LocalFiles
 
     for name in ("v000003", "v000007", "jax-cache", "logs"):
         (tmp_path / "proc-0" / name).mkdir(parents=True)

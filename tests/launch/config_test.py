@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from launch.cli import main
-from launch.config import Config, load_config
-from launch.config_loader import ConfigError, all_keys, parse_override
+from cadence.launch.cli import main
+from cadence.launch.config import Config, load_config
+from cadence.launch.config_loader import ConfigError, all_keys, parse_override
 
 
 def test_defaults_validate_and_overrides_apply(tmp_path):
@@ -97,7 +97,7 @@ def test_cli_exits_2_naming_the_key(capsys):
 
 def test_console_script_exit_code_is_2():
     # the real entry point in a fresh interpreter, as a user runs it
-    out = subprocess.run([sys.executable, "-m", "launch.cli", "train", "actors.max_staleness=-1"],
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", "actors.max_staleness=-1"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "actors.max_staleness" in out.stderr

@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
-from launch import artifacts
-from launch.config import load_config
-from launch.policy import build_policy
+from cadence.launch import artifacts
+from cadence.launch.config import load_config
+from cadence.launch.policy import build_policy
 
 HANGING_TASK = '''
 import dataclasses, time
-from actors.tasks.sort import SortTask
+from cadence.actors.tasks.sort import SortTask
 
 
 class Hanging(SortTask):
@@ -43,7 +43,7 @@ def test_cadence_eval_bounds_a_hanging_reward(tmp_path):
     artifacts.save_params(str(run), build_policy(cfg).params)
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     try:
-        out = subprocess.run([sys.executable, "-m", "launch.cli", "eval", str(run)], capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "eval", str(run)], capture_output=True,
                              text=True, timeout=240, env=env)
     except subprocess.TimeoutExpired:
         pytest.fail("cadence eval did not return within 240 s: the hanging reward was not bounded")

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from launch.cli import main, split_overrides
-from launch.experiments import batch_invariance, common
+from cadence.launch.cli import main, split_overrides
+from cadence.launch.experiments import batch_invariance, common
 
 
 def record(b, scaling, seed, values, step=64):
@@ -126,7 +126,7 @@ def test_batch_invariance_quick_end_to_end(tmp_path, capsys):
 
 
 def test_train_or_reuse_reuses_only_a_finished_run_of_the_same_config(tmp_path):
-    from launch.config import load_config
+    from cadence.launch.config import load_config
 
     run_dir = str(tmp_path / "run")
     cfg = load_config(overrides=["run.steps=1", "run.eval_every=0", "learner.sft.steps=0", "task.heldout_size=8",

@@ -17,7 +17,7 @@ PROGRAM = r"""
 import ctypes, json, sys
 fix = sys.argv[1] == "fix"
 if fix:
-    from launch.host_memory import fix_mmap_threshold
+    from cadence.launch.host_memory import fix_mmap_threshold
     assert fix_mmap_threshold()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -57,7 +57,7 @@ def test_freed_blocks_return_to_the_os_only_with_the_threshold_fixed():
 
 
 def test_an_explicit_environment_setting_wins(monkeypatch):
-    from launch.host_memory import fix_mmap_threshold
+    from cadence.launch.host_memory import fix_mmap_threshold
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     assert fix_mmap_threshold() is False

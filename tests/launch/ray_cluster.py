@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 
-from launch import ray_status
-from launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE
+from cadence.launch import ray_status
+from cadence.launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE
 from tests import waiting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,7 +25,7 @@ DRIVERS: list[subprocess.Popen] = []
 def launch(cluster, run_dir, *overrides) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     log = open(os.path.join(os.path.dirname(run_dir), "driver.log"), "w")
-    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "launch", "ray", "--address", cluster.address,
+    proc = subprocess.Popen([sys.executable, "-m", "cadence.launch.cli", "launch", "ray", "--address", cluster.address,
                              f"run.dir={run_dir}", *overrides], stdout=subprocess.PIPE, stderr=log, text=True,
                             env=env, cwd=ROOT)
     DRIVERS.append(proc)
@@ -34,7 +34,7 @@ def launch(cluster, run_dir, *overrides) -> subprocess.Popen:
 
 def stop_launch(run_dir) -> None:
     """`cadence launch ray --stop RUN_DIR`, as a user stops a run."""
-    subprocess.run([sys.executable, "-m", "launch.cli", "launch", "ray", "--stop", run_dir], check=True, cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "cadence.launch.cli", "launch", "ray", "--stop", run_dir], check=True, cwd=ROOT,
                    env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True)
 
 

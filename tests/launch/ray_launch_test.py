@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from launch import ray_status
-from launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE, listening_sockets
+from cadence.launch import ray_status
+from cadence.launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE, listening_sockets
 from tests.launch.ray_cluster import (PLACE, SHORT, _logs, finish, launch, node_ids, status, stop_launch,
                                        wait_for)
 
@@ -99,12 +99,12 @@ def test_kill_actor_kill_learner_lose_worker_node_ledger_clean(cluster_up, run_d
 
 def checkpoint_digest(run_dir, step) -> str:
     """SHA-256 of the params in RUN_DIR/checkpoints/STEP, restored here on one device."""
-    from launch import artifacts
-    from launch.config import load_config
-    from launch.policy import build_policy
-    from launch.recorder import arrays_of
-    from learner.checkpoint import Checkpointer
-    from learner.steps import make_train_step
+    from cadence.launch import artifacts
+    from cadence.launch.config import load_config
+    from cadence.launch.policy import build_policy
+    from cadence.launch.recorder import arrays_of
+    from cadence.learner.checkpoint import Checkpointer
+    from cadence.learner.steps import make_train_step
 
     cfg = load_config([os.path.join(run_dir, "config.yaml")])
     policy = build_policy(cfg)

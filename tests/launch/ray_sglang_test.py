@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from actors.sglang.testing import SKIP_REASON, sglang_python
-from launch import ray_status
-from launch.metrics import read_metrics
-from launch.ray_local import WORKER_RESOURCE
+from cadence.actors.sglang.testing import SKIP_REASON, sglang_python
+from cadence.launch import ray_status
+from cadence.launch.metrics import read_metrics
+from cadence.launch.ray_local import WORKER_RESOURCE
 from tests.e2e.sglang_processes_test import living, servers_of
 from tests.launch.ray_cluster import PLACE, finish, launch, node_ids, status, stop_launch, wait_for
 from tests.proc_table import processes

@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from launch import ray_status
-from launch.cli import main
-from launch.config import load_config
-from launch.config_loader import ConfigError
+from cadence.launch import ray_status
+from cadence.launch.cli import main
+from cadence.launch.config import load_config
+from cadence.launch.config_loader import ConfigError
 
 
 @pytest.mark.parametrize("override, key", [

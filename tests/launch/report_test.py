@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from launch import cli, plots, report
+from cadence.launch import cli, plots, report
 from tests.launch.status_test import beat, make_run, records
 
 
@@ -80,7 +80,7 @@ def test_png_has_no_metadata_url():
 
 
 def test_experiment_plots_use_the_shared_module(tmp_path, monkeypatch):
-    from launch.experiments import batch_invariance
+    from cadence.launch.experiments import batch_invariance
 
     drawn = []
     monkeypatch.setattr(plots, "save_png", lambda panels, path, **kw: drawn.append((panels, kw)))

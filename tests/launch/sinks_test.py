@@ -6,12 +6,12 @@ import urllib.request
 
 import pytest
 
-from launch.config import load_config
-from launch.config_loader import ConfigError
-from launch.heartbeat import Heartbeat
-from launch.metrics import MetricsWriter, read_metrics
-from launch.prometheus import PrometheusSink, RecordCollector
-from launch.sinks import Sinks, TensorBoardSink, open_sinks, scalars
+from cadence.launch.config import load_config
+from cadence.launch.config_loader import ConfigError
+from cadence.launch.heartbeat import Heartbeat
+from cadence.launch.metrics import MetricsWriter, read_metrics
+from cadence.launch.prometheus import PrometheusSink, RecordCollector
+from cadence.launch.sinks import Sinks, TensorBoardSink, open_sinks, scalars
 from tests.sink_readers import tensorboard_events, tensorboard_scalars
 
 RECORDS = [

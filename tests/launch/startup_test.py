@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launch import compile_cache
+from cadence.launch import compile_cache
 
 UNUSED_BY_DEFAULT = ("math_verify", "sympy", "orbax", "aiohttp", "transformers", "sglang", "torch")
 
@@ -29,7 +29,7 @@ def test_cache_dir_setting(monkeypatch, tmp_path):
 
 
 def test_default_path_imports_only_what_it_uses():
-    code = ("import sys, launch.cli, launch.train; from launch.config import load_config; load_config(); "
+    code = ("import sys, cadence.launch.cli, cadence.launch.train; from cadence.launch.config import load_config; load_config(); "
             f"print([m for m in {UNUSED_BY_DEFAULT!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300)
     assert out.returncode == 0, out.stderr
@@ -37,7 +37,7 @@ def test_default_path_imports_only_what_it_uses():
 
 
 def test_a_run_fills_the_cache_it_is_given_and_none_turns_it_off(tmp_path):
-    base = [sys.executable, "-m", "launch.cli", "train", "run.steps=1", "learner.sft.steps=0",
+    base = [sys.executable, "-m", "cadence.launch.cli", "train", "run.steps=1", "learner.sft.steps=0",
             "task.heldout_size=8", "run.progress=false", "learner.batch_size=16", "learner.microbatch_size=16"]
     cache = tmp_path / "cache"
     out = subprocess.run([*base, f"run.dir={tmp_path / 'a'}", f"run.jax_cache={cache}"],
@@ -55,7 +55,7 @@ def test_a_run_fills_the_cache_it_is_given_and_none_turns_it_off(tmp_path):
 
 @pytest.mark.slow
 def test_a_second_run_loads_its_programs_from_the_cache(tmp_path):
-    base = [sys.executable, "-m", "launch.cli", "train", "run.steps=2", "run.progress=false",
+    base = [sys.executable, "-m", "cadence.launch.cli", "train", "run.steps=2", "run.progress=false",
             f"run.jax_cache={tmp_path / 'cache'}"]
     env = _env(JAX_LOGGING_LEVEL="DEBUG")
     first = subprocess.run([*base, f"run.dir={tmp_path / 'a'}"], capture_output=True, text=True, env=env, timeout=900)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from launch import cli, status
-from launch.config import RunConfig
-from launch.sinks import open_sinks
+from cadence.launch import cli, status
+from cadence.launch.config import RunConfig
+from cadence.launch.sinks import open_sinks
 
 
 def make_run(path, steps=100, target=0.0, records=(), hb=None, summary=None, ckpt_steps=()):

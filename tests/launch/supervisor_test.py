@@ -9,11 +9,11 @@ import time
 
 import msgspec
 
-from launch.config import Config
-from launch.config_loader import to_dict
-from launch.supervisor import ActorSupervisor
-from protocols.codec import decode, encode
-from protocols.messages import Welcome
+from cadence.launch.config import Config
+from cadence.launch.config_loader import to_dict
+from cadence.launch.supervisor import ActorSupervisor
+from cadence.protocols.codec import decode, encode
+from cadence.protocols.messages import Welcome
 
 # Stands in for `cadence actor`: records its argv and every stdin line, then exits if told to.
 CHILD = r"""

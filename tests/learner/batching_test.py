@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from learner.batching import Microbatch, build_microbatches, pack_microbatch, unpack_microbatch
-from learner.config import GRPOConfig
+from cadence.learner.batching import Microbatch, build_microbatches, pack_microbatch, unpack_microbatch
+from cadence.learner.config import GRPOConfig
 
 PAD = 0
 
@@ -110,7 +110,7 @@ def test_exact_multiple_adds_no_padding_row():
 
 
 def test_real_rollout_group_message():
-    messages = pytest.importorskip("protocols.messages")
+    messages = pytest.importorskip("cadence.protocols.messages")
     timings = messages.EngineTimings(queued_at=0.0, started_at=0.0, finished_at=1.0,
                                      generate_seconds=1.0, num_tokens=3, engine="jax")
     g = messages.RolloutGroup(

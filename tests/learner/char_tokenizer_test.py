@@ -4,7 +4,7 @@ import random
 import numpy as np
 import pytest
 
-from learner.models.char_tokenizer import ALPHABET, CharTokenizer
+from cadence.learner.models.char_tokenizer import ALPHABET, CharTokenizer
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learner.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
-from learner.config import OptimizerConfig
-from learner.optimizer import make_optimizer
+from cadence.learner.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
+from cadence.learner.config import OptimizerConfig
+from cadence.learner.optimizer import make_optimizer
 
 
 def tree(seed):

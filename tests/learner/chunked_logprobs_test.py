@@ -14,15 +14,15 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from grpo_step_test import PAD, T, V, make_groups  # noqa: E402  (shared stand-in groups)
 
-from learner.algorithms.logprobs import chunked_token_logprobs, logits_token_scores  # noqa: E402
-from learner.batching import build_microbatches  # noqa: E402
-from learner.config import GRPOConfig, LearnerConfig, OptimizerConfig, PPOConfig, SFTConfig  # noqa: E402
-from learner.models import llama  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
-from learner.steps import make_train_step  # noqa: E402
-from learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
-from learner.steps.scoring import SplitLogits, llama_logits, score_tokens  # noqa: E402
-from learner.steps.sft_step import SFTStep, build_sft_batch  # noqa: E402
+from cadence.learner.algorithms.logprobs import chunked_token_logprobs, logits_token_scores  # noqa: E402
+from cadence.learner.batching import build_microbatches  # noqa: E402
+from cadence.learner.config import GRPOConfig, LearnerConfig, OptimizerConfig, PPOConfig, SFTConfig  # noqa: E402
+from cadence.learner.models import llama  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.steps import make_train_step  # noqa: E402
+from cadence.learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
+from cadence.learner.steps.scoring import SplitLogits, llama_logits, score_tokens  # noqa: E402
+from cadence.learner.steps.sft_step import SFTStep, build_sft_batch  # noqa: E402
 
 B, TT, D, VV = 3, 13, 8, 11  # the pure-function case: a prime length, so most chunks pad
 

@@ -7,10 +7,10 @@ ahead as admission lets them.
 
 import pytest
 
-from launch.config import load_config
-from launch.metrics import read_metrics
-from launch.train import train
-from learner.loop import Decision
+from cadence.launch.config import load_config
+from cadence.launch.metrics import read_metrics
+from cadence.launch.train import train
+from cadence.learner.loop import Decision
 from tests.slow_learner import SlowLearner
 
 FAST = ["learner.sft.steps=5", "task.heldout_size=16", "run.progress=false", "run.eval_every=0",

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from learner.config import LearnerConfig
-from learner.controller import BatchSizeController, ControllerConfig
-from learner.controller.decision import candidate_batch_sizes, choose_batch_size, time_to_target_score
-from learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
+from cadence.learner.config import LearnerConfig
+from cadence.learner.controller import BatchSizeController, ControllerConfig
+from cadence.learner.controller.decision import candidate_batch_sizes, choose_batch_size, time_to_target_score
+from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
 
 LEARNER = LearnerConfig(batch_size=128, microbatch_size=16, group_size=8)
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from learner.controller.noise import NoiseScaleEstimator, microbatch_mean_grad_sq
+from cadence.learner.controller.noise import NoiseScaleEstimator, microbatch_mean_grad_sq
 
 
 def synthetic_step(rng, mean, scale, batch_size, num_microbatches):

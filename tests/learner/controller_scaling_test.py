@@ -8,13 +8,13 @@ import numpy as np
 import optax
 import pytest
 
-from learner.batching import build_microbatches
-from learner.config import LearnerConfig, OptimizerConfig, PPOConfig
-from learner.controller import BatchSizeController, ControllerConfig, rescale, scaled_learner, scaled_optimizer
-from learner.loop import LearnerLoop, LoopSettings
-from learner.steps.grpo_step import GRPOTrainStep
-from protocols.admission import AdmissionGate
-from protocols.testing import rollout_group
+from cadence.learner.batching import build_microbatches
+from cadence.learner.config import LearnerConfig, OptimizerConfig, PPOConfig
+from cadence.learner.controller import BatchSizeController, ControllerConfig, rescale, scaled_learner, scaled_optimizer
+from cadence.learner.loop import LearnerLoop, LoopSettings
+from cadence.learner.steps.grpo_step import GRPOTrainStep
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.testing import rollout_group
 
 V, T, D, PAD = 12, 8, 8, 0
 BASE = {"learning_rate": 1e-3, "b1": 0.9, "b2": 0.99, "eps": 1e-8}
@@ -129,8 +129,8 @@ def test_controller_change_applied_through_the_loop_keeps_moments_and_compiles_n
 
 
 def test_fixed_batch_with_another_base_applies_the_rule_once():
-    from launch.config import load_config
-    from learner.controller import make_controller
+    from cadence.launch.config import load_config
+    from cadence.learner.controller import make_controller
 
     cfg = load_config(overrides=["learner.batch_size=64", "controller.base_batch_size=16"])
     ctrl = make_controller(cfg.controller, cfg.learner, cfg.actors)

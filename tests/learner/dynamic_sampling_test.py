@@ -7,12 +7,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
-from learner.config import GRPOConfig, LearnerConfig
-from learner.dynamic_sampling import (ZERO_VARIANCE, DynamicSamplingFilter, has_zero_advantage_variance,
+from cadence.learner.config import GRPOConfig, LearnerConfig
+from cadence.learner.dynamic_sampling import (ZERO_VARIANCE, DynamicSamplingFilter, has_zero_advantage_variance,
                                       make_group_filter)
-from learner.loop import LearnerLoop, LoopSettings
-from protocols.admission import AdmissionGate
-from protocols.transport import InProcessTransport
+from cadence.learner.loop import LearnerLoop, LoopSettings
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.transport import InProcessTransport
 
 G = 4
 
@@ -61,7 +61,7 @@ def _random_groups(n, seed, p_constant=0.6):
 
 
 def test_zero_variance_test_matches_the_advantages():
-    from learner.algorithms.grpo import group_advantages
+    from cadence.learner.algorithms.grpo import group_advantages
     for rewards in ([0.1, 0.1, 0.1], [1.0, 0.0, 0.0], [0.3, 0.3000001, 0.3], [2.0]):
         adv = group_advantages(np.asarray([rewards], np.float32))
         assert has_zero_advantage_variance(rewards) == bool(np.all(adv == 0)), rewards

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learner.algorithms import grpo
-from learner.batching import build_microbatches
-from learner.config import GRPOConfig, LearnerConfig, OptimizerConfig
-from learner.steps.grpo_step import GRPOTrainStep
+from cadence.learner.algorithms import grpo
+from cadence.learner.batching import build_microbatches
+from cadence.learner.config import GRPOConfig, LearnerConfig, OptimizerConfig
+from cadence.learner.steps.grpo_step import GRPOTrainStep
 
 rng = np.random.default_rng(3)
 B, T = 4, 6

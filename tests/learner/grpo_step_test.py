@@ -9,10 +9,10 @@ import numpy as np
 import optax
 import pytest
 
-from learner.batching import build_microbatches
-from learner.config import GRPOConfig, LearnerConfig, OptimizerConfig, SFTConfig
-from learner.steps.grpo_step import LearnerState, GRPOTrainStep
-from protocols.testing import rollout_group
+from cadence.learner.batching import build_microbatches
+from cadence.learner.config import GRPOConfig, LearnerConfig, OptimizerConfig, SFTConfig
+from cadence.learner.steps.grpo_step import LearnerState, GRPOTrainStep
+from cadence.protocols.testing import rollout_group
 
 V, T, D = 16, 8, 8  # vocab, seq_len, width of the stand-in model
 PAD = 0
@@ -245,8 +245,8 @@ def test_learner_config_validation_names_the_key(kw, match):
 
 
 def test_with_the_real_model():
-    llama = pytest.importorskip("learner.models.llama")
-    from learner.models.config import ModelConfig
+    llama = pytest.importorskip("cadence.learner.models.llama")
+    from cadence.learner.models.config import ModelConfig
 
     mcfg = ModelConfig(vocab_size=V, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=T)
     graphdef, params = llama.init_params(mcfg, 0)
@@ -258,7 +258,7 @@ def test_with_the_real_model():
     n = stats["num_tokens"]
 
     # Our temperature-1 log-probs agree with the model's own on the completion tokens.
-    from learner.algorithms.logprobs import token_logprobs_and_entropy
+    from cadence.learner.algorithms.logprobs import token_logprobs_and_entropy
 
     @jax.jit
     def both(params, mb):

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learner.algorithms import grpo
-from learner.algorithms.logprobs import token_logprobs_and_entropy
-from learner.config import GRPOConfig
+from cadence.learner.algorithms import grpo
+from cadence.learner.algorithms.logprobs import token_logprobs_and_entropy
+from cadence.learner.config import GRPOConfig
 
 # ---------------------------------------------------------------- NumPy references
 

@@ -12,9 +12,9 @@ transformers = pytest.importorskip("transformers")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from actors.engine import EngineConfig, JaxEngine  # noqa: E402
-from learner.models import hf_load, llama  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
+from cadence.actors.engine import EngineConfig, JaxEngine  # noqa: E402
+from cadence.learner.models import hf_load, llama  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
 
 V = 96
 COMMON = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -4,13 +4,13 @@ import jax
 import numpy as np
 import pytest
 
-from launch.config import load_config
-from launch.config_loader import ConfigError
-from launch.policy import build_policy, export_policy
-from learner.models import hf_load
-from learner.models.config import ModelConfig
-from learner.models.hf_random import write_random_checkpoint
-from learner.models.hf_tokenizer import HFTokenizer
+from cadence.launch.config import load_config
+from cadence.launch.config_loader import ConfigError
+from cadence.launch.policy import build_policy, export_policy
+from cadence.learner.models import hf_load
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.hf_random import write_random_checkpoint
+from cadence.learner.models.hf_tokenizer import HFTokenizer
 
 CKPT = ModelConfig(vocab_size=320, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=256,
                    qkv_bias=True)
@@ -78,7 +78,7 @@ def test_pretrained_checkpoint_gets_pretrained_defaults_with_a_note(ckpt, tmp_pa
     assert "learner.optimizer.lr" not in notes[0] and "learner.sft.steps" not in notes[0].split(":")[1].split("(")[0]
     # Without model.path nothing changes, and the CLI says what it chose.
     assert load_config().learner.optimizer.lr == 1e-3 and load_config().learner.sft.steps == 30
-    from launch.cli import main
+    from cadence.launch.cli import main
     assert main(["train", "--print-config", f"model.path={ckpt}"]) == 0
     out, err = capsys.readouterr()
     assert "cadence: note: model.path is a pretrained checkpoint" in err and "lr: 1.0e-06" in out

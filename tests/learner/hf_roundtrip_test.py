@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from learner.models import hf_config, hf_export, hf_load, llama
-from learner.models.config import ModelConfig
-from learner.models.hf_random import write_random_checkpoint
+from cadence.learner.models import hf_config, hf_export, hf_load, llama
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.models.hf_random import write_random_checkpoint
 
 TINY = ModelConfig(vocab_size=80, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64)
 QWEN2 = ModelConfig(**{**TINY.__dict__, "qkv_bias": True, "tie_embeddings": False})

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from learner.models.hf_random import CHATML_TEMPLATE, write_tiny_tokenizer
-from learner.models.hf_tokenizer import HFTokenizer
+from cadence.learner.models.hf_random import CHATML_TEMPLATE, write_tiny_tokenizer
+from cadence.learner.models.hf_tokenizer import HFTokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 1/2 + 12?"}]
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from learner.models import llama
-from learner.models.config import ModelConfig
+from cadence.learner.models import llama
+from cadence.learner.models.config import ModelConfig
 
 SMALL = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=32)
 

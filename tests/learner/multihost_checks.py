@@ -21,17 +21,17 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from learner import sharding  # noqa: E402
-from learner.batching import build_microbatches  # noqa: E402
-from learner.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
-from learner.config import DistributedConfig, LearnerConfig, MeshConfig, OptimizerConfig  # noqa: E402
-from learner.leader import Follower, Leader  # noqa: E402
-from learner.models import llama  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
-from learner.models.hf_export import export_checkpoint, hf_tensors  # noqa: E402
-from learner.multihost import join  # noqa: E402
-from learner.steps import make_train_step  # noqa: E402
-from protocols.testing import rollout_group  # noqa: E402
+from cadence.learner import sharding  # noqa: E402
+from cadence.learner.batching import build_microbatches  # noqa: E402
+from cadence.learner.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
+from cadence.learner.config import DistributedConfig, LearnerConfig, MeshConfig, OptimizerConfig  # noqa: E402
+from cadence.learner.leader import Follower, Leader  # noqa: E402
+from cadence.learner.models import llama  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.models.hf_export import export_checkpoint, hf_tensors  # noqa: E402
+from cadence.learner.multihost import join  # noqa: E402
+from cadence.learner.steps import make_train_step  # noqa: E402
+from cadence.protocols.testing import rollout_group  # noqa: E402
 
 MODEL = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
 CFG = LearnerConfig(batch_size=16, microbatch_size=4, group_size=4, optimizer=OptimizerConfig(lr=3e-3),
@@ -85,7 +85,7 @@ def main(out_dir: str) -> None:
         losses = [[m1["loss"], r1["loss"]], [m2["loss"], r2["loss"]]]
         diff = max(float(np.abs(a - b).max()) for a, b in zip(host(lead.gather(s2.params)), host(ref.params)))
         # a sync that took version 1 before the learner moved on: one bucket, fetched then
-        from actors.sglang.weight_broadcast import bucket_tensors
+        from cadence.actors.sglang.weight_broadcast import bucket_tensors
         tensors = hf_tensors(MODEL, s1.params)
         bucket = bucket_tensors(tensors[:4], None, "gloo", gather=lead.fetch)
         by_leaf = {id(x): i for i, x in enumerate(jax.tree.leaves(s1.params))}

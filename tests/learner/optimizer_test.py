@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from learner import optimizer as optim
-from learner.config import OptimizerConfig
+from cadence.learner import optimizer as optim
+from cadence.learner.config import OptimizerConfig
 
 
 def _params():

@@ -9,15 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learner.algorithms.grpo import segment_sums, sequence_mean, sequences_with_tokens
-from learner.algorithms.logprobs import token_logprobs
-from learner.batching import build_microbatches, pack_microbatch, unpack_microbatch
-from learner.config import GRPOConfig, LearnerConfig, OptimizerConfig
-from learner.models import llama
-from learner.models.config import ModelConfig
-from learner.packing import first_fit_decreasing, pack_microbatches, rows_per_microbatch
-from learner.steps.grpo_step import GRPOTrainStep, count_sequences as host_count_sequences
-from protocols.testing import rollout_group
+from cadence.learner.algorithms.grpo import segment_sums, sequence_mean, sequences_with_tokens
+from cadence.learner.algorithms.logprobs import token_logprobs
+from cadence.learner.batching import build_microbatches, pack_microbatch, unpack_microbatch
+from cadence.learner.config import GRPOConfig, LearnerConfig, OptimizerConfig
+from cadence.learner.models import llama
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.packing import first_fit_decreasing, pack_microbatches, rows_per_microbatch
+from cadence.learner.steps.grpo_step import GRPOTrainStep, count_sequences as host_count_sequences
+from cadence.protocols.testing import rollout_group
 
 MODEL = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=32)
 T, PAD, G = 24, 0, 4
@@ -124,8 +124,8 @@ def test_bad_config_is_rejected_naming_the_key(change, match):
 
 
 def test_config_file_error_names_the_dotted_key():
-    from launch.config import load_config
-    from launch.config_loader import ConfigError
+    from cadence.launch.config import load_config
+    from cadence.launch.config_loader import ConfigError
     with pytest.raises(ConfigError, match=r"learner\.microbatch_tokens: packing is built for grpo only"):
         load_config([], ["learner.algorithm=ppo", "learner.microbatch_tokens=512"])
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learner.algorithms import ppo
+from cadence.learner.algorithms import ppo
 
 # Three rows of T = 6: prompt tokens (mask 0), completions of 4, 2 and 0 tokens, padding after.
 MASK = np.array([

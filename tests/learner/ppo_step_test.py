@@ -12,12 +12,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from grpo_step_test import PAD, T, V, make_groups  # noqa: E402  (shared stand-in groups)
 
-from learner.batching import build_microbatches  # noqa: E402
-from learner.config import LearnerConfig, OptimizerConfig, PPOConfig  # noqa: E402
-from learner.steps import make_train_step  # noqa: E402
-from learner.models import llama  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
-from learner.steps.ppo_step import PPOState, PPOTrainStep  # noqa: E402
+from cadence.learner.batching import build_microbatches  # noqa: E402
+from cadence.learner.config import LearnerConfig, OptimizerConfig, PPOConfig  # noqa: E402
+from cadence.learner.steps import make_train_step  # noqa: E402
+from cadence.learner.models import llama  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.steps.ppo_step import PPOState, PPOTrainStep  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +118,9 @@ def test_ppo_config_validation_names_the_key():
 
 @pytest.mark.slow
 def test_ppo_learns_sort6_in_a_short_seeded_run(tmp_path):
-    from launch.config import load_config
-    from launch.metrics import read_metrics
-    from launch.train import train
+    from cadence.launch.config import load_config
+    from cadence.launch.metrics import read_metrics
+    from cadence.launch.train import train
 
     cfg = load_config(overrides=["learner.algorithm=ppo", "run.steps=60", "run.eval_every=30",
                                  "learner.sft.steps=30", "task.heldout_size=64", "run.progress=false"])

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learner.config import SFTConfig
-from learner.steps.sft_step import SFTStep, build_sft_batch
+from cadence.learner.config import SFTConfig
+from cadence.learner.steps.sft_step import SFTStep, build_sft_batch
 
 V, T, D = 16, 6, 16
 PAD = 0

@@ -20,15 +20,15 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from learner import sharding  # noqa: E402
-from learner.batching import build_microbatches  # noqa: E402
-from learner.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
-from learner.config import GRPOConfig, LearnerConfig, MeshConfig, OptimizerConfig, PPOConfig  # noqa: E402
-from learner.models import llama  # noqa: E402
-from learner.models.config import ModelConfig  # noqa: E402
-from learner.packing import pack_microbatches  # noqa: E402
-from learner.steps import make_train_step  # noqa: E402
-from protocols.testing import rollout_group  # noqa: E402
+from cadence.learner import sharding  # noqa: E402
+from cadence.learner.batching import build_microbatches  # noqa: E402
+from cadence.learner.checkpoint import CheckpointConfig, Checkpointer  # noqa: E402
+from cadence.learner.config import GRPOConfig, LearnerConfig, MeshConfig, OptimizerConfig, PPOConfig  # noqa: E402
+from cadence.learner.models import llama  # noqa: E402
+from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.packing import pack_microbatches  # noqa: E402
+from cadence.learner.steps import make_train_step  # noqa: E402
+from cadence.protocols.testing import rollout_group  # noqa: E402
 
 MODEL = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
 T, PAD, G, MB = 16, 0, 4, 4
@@ -211,7 +211,7 @@ def check_remat_same_result():
 def check_chunked_logprobs_same_result():
     """learner.logits_chunk on (fsdp 2, tensor 2) (vocabulary split over tensor) gives the
     unchunked one-device loss and gradients, entropy bonus and temperature included."""
-    from learner.config import GRPOConfig
+    from cadence.learner.config import GRPOConfig
 
     graphdef, params = llama.init_params(MODEL, 0)
     layout = layout_for(MeshConfig(fsdp=2, tensor=2), params)

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from learner import multihost, sharding
-from learner.batching import Microbatch, build_microbatches
-from learner.config import DistributedConfig, LearnerConfig, MeshConfig, OptimizerConfig
-from learner.models import llama
-from learner.models.config import ModelConfig
-from learner.steps import make_train_step
-from protocols.testing import rollout_group
+from cadence.learner import multihost, sharding
+from cadence.learner.batching import Microbatch, build_microbatches
+from cadence.learner.config import DistributedConfig, LearnerConfig, MeshConfig, OptimizerConfig
+from cadence.learner.models import llama
+from cadence.learner.models.config import ModelConfig
+from cadence.learner.steps import make_train_step
+from cadence.protocols.testing import rollout_group
 
 
 class FakeMesh:

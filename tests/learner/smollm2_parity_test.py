@@ -23,13 +23,13 @@ transformers = pytest.importorskip("transformers")
 
 import jax  # noqa: E402
 
-from actors.engine import EngineConfig, JaxEngine  # noqa: E402
-from actors.tasks.config import TaskConfig  # noqa: E402
-from actors.tasks.registry import make_task  # noqa: E402
-from launch.config import load_config  # noqa: E402
-from launch.policy import build_policy  # noqa: E402
-from learner.models import llama  # noqa: E402
-from learner.models.hf_tokenizer import HFTokenizer  # noqa: E402
+from cadence.actors.engine import EngineConfig, JaxEngine  # noqa: E402
+from cadence.actors.tasks.config import TaskConfig  # noqa: E402
+from cadence.actors.tasks.registry import make_task  # noqa: E402
+from cadence.launch.config import load_config  # noqa: E402
+from cadence.launch.policy import build_policy  # noqa: E402
+from cadence.learner.models import llama  # noqa: E402
+from cadence.learner.models.hf_tokenizer import HFTokenizer  # noqa: E402
 
 TOL = 2e-4
 SYSTEM = "Solve the problem. Put the final answer after ####."

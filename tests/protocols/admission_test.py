@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from protocols.admission import AdmissionGate
+from cadence.protocols.admission import AdmissionGate
 
 
 def simulate(max_staleness, batch_sizes, group=4, seed=0):

@@ -13,20 +13,20 @@ import msgspec
 import numpy as np
 import pytest
 
-from actors.prompt_stream import PromptStream
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
-from learner.batching import build_microbatches
-from learner.config import GRPOConfig
-from protocols.admission import AdmissionGate
-from protocols.dispatch import Dispatcher, DispatchSettings
-from protocols.dispatch_client import DispatcherClient
-from protocols.dispatch_server import DispatchServer
-from protocols.group_checks import GrantedPrompts, GroupLimits, check_group
-from protocols.ledger import SampleLedger
-from protocols.messages import EngineTimings, RolloutGroup
-from protocols.transport import InProcessTransport
-from protocols.zmq_transport import private_dir
+from cadence.actors.prompt_stream import PromptStream
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.learner.batching import build_microbatches
+from cadence.learner.config import GRPOConfig
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.dispatch import Dispatcher, DispatchSettings
+from cadence.protocols.dispatch_client import DispatcherClient
+from cadence.protocols.dispatch_server import DispatchServer
+from cadence.protocols.group_checks import GrantedPrompts, GroupLimits, check_group
+from cadence.protocols.ledger import SampleLedger
+from cadence.protocols.messages import EngineTimings, RolloutGroup
+from cadence.protocols.transport import InProcessTransport
+from cadence.protocols.zmq_transport import private_dir
 from tests import waiting
 
 G, BUDGET, VOCAB, VERSION = 2, 8, 64, 5

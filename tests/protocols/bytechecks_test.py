@@ -3,7 +3,7 @@ of the size where they switch from reading bytes to calling NumPy."""
 import numpy as np
 import pytest
 
-from protocols.bytechecks import SMALL, all_finite_float32, all_nonnegative_int32, all_zero_or_one
+from cadence.protocols.bytechecks import SMALL, all_finite_float32, all_nonnegative_int32, all_zero_or_one
 
 SIZES = (0, 1, 3, SMALL - 1, SMALL, SMALL + 1, 4 * SMALL)
 

@@ -8,8 +8,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from protocols.codec import DEFAULT_MAX_BYTES, MAGIC, SCHEMA_VERSION, Codec, decode, encode
-from protocols.errors import (
+from cadence.protocols.codec import DEFAULT_MAX_BYTES, MAGIC, SCHEMA_VERSION, Codec, decode, encode
+from cadence.protocols.errors import (
     ForeignMessage,
     InvalidMessage,
     MalformedMessage,
@@ -17,8 +17,8 @@ from protocols.errors import (
     ProtocolError,
     SchemaVersionMismatch,
 )
-from protocols.messages import Control, EngineTimings, RolloutGroup, WeightsPublished
-from protocols.ragged import Ragged
+from cadence.protocols.messages import Control, EngineTimings, RolloutGroup, WeightsPublished
+from cadence.protocols.ragged import Ragged
 
 
 def make_group(**overrides) -> RolloutGroup:

@@ -1,7 +1,7 @@
 import pytest
 import zmq
 
-from protocols.zmq_transport import stop_authenticator
+from cadence.protocols.zmq_transport import stop_authenticator
 
 
 @pytest.fixture

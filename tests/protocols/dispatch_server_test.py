@@ -10,18 +10,18 @@ import time
 import msgspec
 import zmq
 
-from actors.prompt_stream import PromptStream
-from actors.tasks.registry import make_task
-from actors.tasks.config import TaskConfig
-from protocols.admission import AdmissionGate
-from protocols.codec import MAGIC, SCHEMA_VERSION, encode
-from protocols.dispatch import Dispatcher, DispatchSettings
-from protocols.dispatch_server import DispatchServer
-from protocols.dispatch_client import DispatcherClient
-from protocols.ledger import SampleLedger
-from protocols.messages import EngineTimings, RolloutGroup
-from protocols.transport import InProcessTransport
-from protocols.zmq_transport import write_keys
+from cadence.actors.prompt_stream import PromptStream
+from cadence.actors.tasks.registry import make_task
+from cadence.actors.tasks.config import TaskConfig
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.codec import MAGIC, SCHEMA_VERSION, encode
+from cadence.protocols.dispatch import Dispatcher, DispatchSettings
+from cadence.protocols.dispatch_server import DispatchServer
+from cadence.protocols.dispatch_client import DispatcherClient
+from cadence.protocols.ledger import SampleLedger
+from cadence.protocols.messages import EngineTimings, RolloutGroup
+from cadence.protocols.transport import InProcessTransport
+from cadence.protocols.zmq_transport import write_keys
 from tests import waiting
 
 G = 2
@@ -109,7 +109,7 @@ def burst_the_learner_does_not_read(ctx, monkeypatch):
     kernel's buffers hold (tcp_rmem can grow to 32 MB here: ~900 groups), with room to spare (with
     1000 a side the kernel's buffers took nearly all of it, and 2500 once all drained on a loaded
     machine): messages wait in the client. Yields (learner, client, grant)."""
-    import protocols.dispatch_client as dispatch_client
+    import cadence.protocols.dispatch_client as dispatch_client
     monkeypatch.setattr(dispatch_client, "client_socket",
                         functools.partial(dispatch_client.client_socket, hwm=10))
     learner = Learner(ctx, heartbeat_seconds=30.0, heartbeat_timeout_seconds=120.0)
@@ -170,7 +170,7 @@ def test_bad_bytes_are_counted_and_dropped_and_the_server_keeps_serving(ctx):
 
 
 def test_with_curve_a_stranger_gets_nothing_through_and_the_run_is_unaffected(ctx, tmp_path):
-    from protocols.zmq_transport import CurveKeys
+    from cadence.protocols.zmq_transport import CurveKeys
 
     keys = write_keys(str(tmp_path / "keys"))
     learner = Learner(ctx, keys=keys)
@@ -179,7 +179,7 @@ def test_with_curve_a_stranger_gets_nothing_through_and_the_run_is_unaffected(ct
     stranger = stranger_ctx.socket(zmq.DEALER)
     stranger.curve_serverkey, stranger.curve_publickey, stranger.curve_secretkey = keys.server_public, public, secret
     stranger.connect(learner.server.endpoint)
-    from protocols.messages import Hello
+    from cadence.protocols.messages import Hello
     stranger.send(encode(Hello(actor_id="evil", capacity=100)))
     friend_keys = CurveKeys(keys.directory, keys.server_public, None, keys.client_public, keys.client_secret)
     friend = client(ctx, learner.server.endpoint, "friend", keys=friend_keys)
@@ -246,7 +246,7 @@ def test_a_wake_between_the_io_threads_read_and_its_flag_is_not_lost(ctx, monkey
     # in between wrote a byte that the read then swallowed, leaving the flag set and the pipe
     # empty: no wake was ever written again and every send waited for a heartbeat (a default
     # run took 116 s instead of 25). Replay that interleaving once, then ask for work again.
-    import protocols.dispatch_client as dispatch_client
+    import cadence.protocols.dispatch_client as dispatch_client
     learner = Learner(ctx, heartbeat_seconds=30.0, heartbeat_timeout_seconds=120.0)
     c = DispatcherClient(learner.server.endpoint, "wake", 4, ctx=ctx, heartbeat_seconds=30.0,
                          learner_timeout_seconds=120.0)

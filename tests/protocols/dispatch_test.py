@@ -2,13 +2,13 @@
 live grant, gone and hung actors' prompts re-issued, the ledger accounting for every prompt."""
 import pytest
 
-from actors.prompt_stream import PromptStream
-from actors.tasks.registry import make_task
-from actors.tasks.config import TaskConfig
-from protocols.admission import AdmissionGate
-from protocols.dispatch import Dispatcher, DispatchSettings
-from protocols.ledger import SampleLedger
-from protocols.messages import (
+from cadence.actors.prompt_stream import PromptStream
+from cadence.actors.tasks.registry import make_task
+from cadence.actors.tasks.config import TaskConfig
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.dispatch import Dispatcher, DispatchSettings
+from cadence.protocols.ledger import SampleLedger
+from cadence.protocols.messages import (
     Control,
     EngineTimings,
     Goodbye,

@@ -3,8 +3,8 @@ import dataclasses
 
 import pytest
 
-from protocols.ledger import LedgerError, SampleLedger
-from protocols.messages import EngineTimings, RolloutGroup
+from cadence.protocols.ledger import LedgerError, SampleLedger
+from cadence.protocols.messages import EngineTimings, RolloutGroup
 
 
 @dataclasses.dataclass(frozen=True)

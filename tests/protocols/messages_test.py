@@ -6,10 +6,10 @@ import msgspec
 import numpy as np
 import pytest
 
-from protocols.errors import InvalidMessage, ProtocolError
-from protocols.codec import decode, encode
-from protocols.ragged import Ragged
-from protocols.messages import (
+from cadence.protocols.errors import InvalidMessage, ProtocolError
+from cadence.protocols.codec import decode, encode
+from cadence.protocols.ragged import Ragged
+from cadence.protocols.messages import (
     MESSAGE_TYPES,
     Control,
     EngineTimings,
@@ -118,7 +118,7 @@ def test_packed_fields_are_read_only():
 
 
 def test_packed_and_list_construction_agree():
-    from protocols.ragged import Ragged
+    from cadence.protocols.ragged import Ragged
     packed = make_group(completion_tokens=Ragged.pack([np.array([1, 2]), np.array([3, 4, 2])], "int32"),
                         behavior_logprobs=Ragged.pack([[-0.5, -0.25], [-1.0, -0.125, -2.0]], "float32"))
     assert packed == make_group()
@@ -219,7 +219,7 @@ def test_dispatcher_messages_name_the_bad_field(make, field):
 
 
 def test_optional_task_fields_round_trip_and_are_checked():
-    from protocols.codec import decode, encode
+    from cadence.protocols.codec import decode, encode
 
     group = make_group(policy_mask=[[True, True], [True, False, True]], reward_errors=["", "timeout"],
                        task_metrics={"tool_use": [1.0, 0.0]})
@@ -251,7 +251,7 @@ def test_a_receiver_without_the_optional_fields_still_decodes_the_group():
 def _fuzzed_groups(seed: int, n: int):
     """Valid groups with every optional field, each with one field replaced by random bytes or values."""
     from msgspec.structs import force_setattr
-    from protocols.ragged import Packed
+    from cadence.protocols.ragged import Packed
 
     rng = np.random.default_rng(seed)
     base = make_group(exact_match=[True, False], policy_mask=[[True, True], [True, False, True]],

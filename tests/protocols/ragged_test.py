@@ -3,7 +3,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from protocols.ragged import Packed, Ragged
+from cadence.protocols.ragged import Packed, Ragged
 
 
 def test_rows_round_trip_through_the_buffer():

@@ -6,10 +6,10 @@ import threading
 import msgspec
 import pytest
 
-from protocols.codec import Codec, encode
-from protocols.messages import Control, WeightsPublished
-from protocols.receiver import Receiver
-from protocols.transport import InProcessTransport
+from cadence.protocols.codec import Codec, encode
+from cadence.protocols.messages import Control, WeightsPublished
+from cadence.protocols.receiver import Receiver
+from cadence.protocols.transport import InProcessTransport
 
 JOIN_SECONDS = 10.0
 
@@ -26,7 +26,7 @@ def test_bad_good_bad_good_delivers_both_good_and_counts_two_errors(caplog):
     for data in (TRUNCATED, encode(GOOD[0]), WRONG_VERSION, encode(GOOD[1])):
         transport.put_bytes(data)
     receiver = Receiver(transport, Codec())
-    with caplog.at_level(logging.WARNING, logger="protocols.receiver"):
+    with caplog.at_level(logging.WARNING, logger="cadence.protocols.receiver"):
         got = [receiver.receive(timeout=0), receiver.receive(timeout=0)]
     assert got == GOOD
     assert receiver.received_count == 2

@@ -13,20 +13,20 @@ import tempfile
 import pytest
 import zmq
 
-from actors.config import ActorsConfig
-from actors.prompt_stream import PromptStream
-from actors.tasks.config import TaskConfig
-from actors.tasks.registry import make_task
-from protocols.admission import AdmissionGate
-from protocols.codec import encode
-from protocols.dispatch import Dispatcher, DispatchSettings
-from protocols.dispatch_client import DispatcherClient
-from protocols.dispatch_server import DispatchServer
-from protocols.ledger import SampleLedger
-from protocols.messages import Hello
-from protocols.transport import InProcessTransport
-from protocols.weights_wire import WeightClient, WeightServer
-from protocols.zmq_transport import SecurityError, private_dir, write_keys
+from cadence.actors.config import ActorsConfig
+from cadence.actors.prompt_stream import PromptStream
+from cadence.actors.tasks.config import TaskConfig
+from cadence.actors.tasks.registry import make_task
+from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.codec import encode
+from cadence.protocols.dispatch import Dispatcher, DispatchSettings
+from cadence.protocols.dispatch_client import DispatcherClient
+from cadence.protocols.dispatch_server import DispatchServer
+from cadence.protocols.ledger import SampleLedger
+from cadence.protocols.messages import Hello
+from cadence.protocols.transport import InProcessTransport
+from cadence.protocols.weights_wire import WeightClient, WeightServer
+from cadence.protocols.zmq_transport import SecurityError, private_dir, write_keys
 from tests import waiting
 
 wait_for = functools.partial(waiting.wait_for, timeout=10.0, interval=0.02)

@@ -4,10 +4,10 @@ import threading
 
 import pytest
 
-from protocols.codec import Codec, encode
-from protocols.errors import ProtocolError
-from protocols.messages import Control, EngineTimings, RolloutGroup, WeightsPublished
-from protocols.transport import (
+from cadence.protocols.codec import Codec, encode
+from cadence.protocols.errors import ProtocolError
+from cadence.protocols.messages import Control, EngineTimings, RolloutGroup, WeightsPublished
+from cadence.protocols.transport import (
     BytesTransport,
     InProcessTransport,
     Transport,

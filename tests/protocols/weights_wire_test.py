@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import zmq
 
-from protocols.errors import ProtocolError
-from protocols.messages import TensorSpec
-from protocols.weights_wire import WeightClient, WeightServer, from_frames, to_frames
+from cadence.protocols.errors import ProtocolError
+from cadence.protocols.messages import TensorSpec
+from cadence.protocols.weights_wire import WeightClient, WeightServer, from_frames, to_frames
 
 
 def arrays(seed=0):

@@ -6,8 +6,8 @@ import time
 import pytest
 import zmq
 
-from protocols.transport import TransportClosed, TransportFull
-from protocols.zmq_transport import (
+from cadence.protocols.transport import TransportClosed, TransportFull
+from cadence.protocols.zmq_transport import (
     CurveKeys,
     SecurityError,
     ZmqTransport,
@@ -39,8 +39,8 @@ def test_push_pull_round_trip_keeps_order_and_bytes(ctx, tmp_path, where):
 
 
 def test_big_messages_arrive_uncopied_and_decode(ctx):
-    from protocols.codec import decode, encode
-    from protocols.testing import rollout_group
+    from cadence.protocols.codec import decode, encode
+    from cadence.protocols.testing import rollout_group
 
     pull = ZmqTransport("tcp://127.0.0.1:0", "pull", bind=True, ctx=ctx)
     push = ZmqTransport(pull.endpoint, "push", bind=False, ctx=ctx)
