@@ -47,7 +47,7 @@ _PUBLIC = {
     "RecordsTask": "cadence.actors.tasks.records",
     "Config": "cadence.launch.config",
     "load_config": "cadence.launch.config",
-    "train": "cadence.launch.train",
+    "train": "cadence.launch.run.train",
 }
 
 __all__ = sorted(_PUBLIC)

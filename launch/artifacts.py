@@ -11,6 +11,9 @@ import yaml
 
 from cadence.launch import config_loader
 
+# Where a run's dispatcher says it listens (its actors and `cadence launch ray` read it back).
+ENDPOINT_FILE = "endpoint.json"
+
 
 def default_run_dir(cfg) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")

@@ -126,13 +126,13 @@ def cmd_train(args) -> int:
         return 0
     if cfg.learner.processes > 1 and "CADENCE_PROCESS_ID" not in os.environ:  # [sharded learner]
         from cadence.launch import artifacts
-        from cadence.launch.learner_group import run_local_group
+        from cadence.launch.cluster.learner_group import run_local_group
 
         train_args = [a for f in args.config for a in ("--config", f)] + ["--resume"] * args.resume
         run_dir = os.path.abspath(cfg.run.dir or artifacts.default_run_dir(cfg))
         return run_local_group(train_args + list(args.overrides), cfg.learner.processes, run_dir)
-    from cadence.launch.run_state import RunFinished
-    from cadence.launch.train import train
+    from cadence.launch.run.run_state import RunFinished
+    from cadence.launch.run.train import train
     from cadence.learner.checkpoint import CheckpointError
 
     try:
@@ -164,8 +164,8 @@ def cmd_eval(args) -> int:
     from cadence.actors.rewards import make_scorer
     from cadence.actors.tasks.registry import make_task
     from cadence.launch import artifacts
-    from cadence.launch.policy import build_policy
-    from cadence.launch.train import evaluate
+    from cadence.learner.models.policy import build_policy
+    from cadence.launch.run.train import evaluate
 
     policy = build_policy(cfg)  # the same model config and tokenizer the run trained with
     try:
@@ -215,7 +215,7 @@ def cmd_experiment(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    from cadence.launch import ray_status
+    from cadence.launch.cluster.ray import status as ray_status
 
     if args.status or args.stop:
         try:
@@ -235,7 +235,7 @@ def cmd_launch(args) -> int:
     except ConfigError as e:
         return _fail(f"config error: {e}", EXIT_CONFIG)
     try:
-        from cadence.launch.ray_launch import RayLaunch
+        from cadence.launch.cluster.ray.launcher import RayLaunch
     except ImportError as e:
         return _fail(f"Ray is not installed ({e}); pip install 'cadence-rl[ray]'", 1)
     run_dir = os.path.abspath(cfg.run.dir or artifacts.default_run_dir(cfg))
@@ -257,7 +257,7 @@ def cmd_keys(args) -> int:
 def cmd_status(args) -> int:
     from rich.console import Console
 
-    from cadence.launch import status
+    from cadence.launch.observe import status
 
     try:
         st = status.run_status(args.run_dir)
@@ -273,8 +273,8 @@ def cmd_status(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from cadence.launch.report import write_report
-    from cadence.launch.status import NotARun
+    from cadence.launch.observe.report import write_report
+    from cadence.launch.observe.status import NotARun
 
     try:
         path = write_report(args.run_dirs, args.out)
@@ -323,7 +323,7 @@ def main(argv=None) -> int:
     if args.command == "experiment":
         return cmd_experiment(args)
     if args.command == "actor":
-        from cadence.launch.actor_process import default_actor_id, main as actor_main
+        from cadence.launch.cluster.actor_process import default_actor_id, main as actor_main
 
         bad = [u for u in args.sglang_url if not u.startswith(("http://", "https://"))]
         if bad:

@@ -32,7 +32,7 @@ class RunConfig:
     progress: bool = True  # print a progress line per evaluation / every few steps
     resume: Literal["no", "auto", "yes"] = "no"  # continue from run.dir's newest checkpoint (auto: if any)
     log_every: int = 5  # progress line every this many updates
-    # Watching a run (launch/sinks.py; metrics.jsonl is always written):
+    # Watching a run (launch/observe/sinks.py; metrics.jsonl is always written):
     loggers: tuple[Literal["jsonl", "tensorboard", "wandb"], ...] = ("jsonl",)  # metric sinks: tensorboard = RUN_DIR/tensorboard, wandb = W&B (WANDB_MODE=offline works without network)
     wandb_project: str = "cadence"  # W&B project; the W&B run id is kept in RUN_DIR/wandb.json so --resume continues the same W&B run
     wandb_entity: str = ""  # W&B team or user ("" = the logged-in account's default)
@@ -145,7 +145,7 @@ class Config:
     def validate(self) -> None:
         """Checks spanning sections (each section validated itself already)."""
         from cadence.actors.tasks.registry import make_task
-        from cadence.launch.policy import load_tokenizer, resolve_model_config
+        from cadence.learner.models.policy import load_tokenizer, resolve_model_config
 
         if self.task.name in TEXT_TASKS and not self.model.path:
             raise ConfigError(f"task.name: the {self.task.name} task needs a checkpoint tokenizer; set model.path=DIR")

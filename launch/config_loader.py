@@ -248,3 +248,15 @@ def to_dict(node) -> dict:
         else:
             out[f.name] = v
     return out
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}: nested config dicts keyed by their dotted config keys."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

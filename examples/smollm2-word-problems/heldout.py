@@ -29,7 +29,7 @@ from cadence.actors.tasks.base import completion_text  # noqa: E402
 from cadence.actors.tasks.registry import make_task  # noqa: E402
 from cadence.launch import artifacts  # noqa: E402
 from cadence.launch.config import load_config  # noqa: E402
-from cadence.launch.policy import build_policy  # noqa: E402
+from cadence.learner.models.policy import build_policy  # noqa: E402
 
 
 def main(argv=None) -> int:

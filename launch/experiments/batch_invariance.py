@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from cadence.launch import plots
+from cadence.launch.observe import plots
 from cadence.launch.config import Config
 from cadence.launch.experiments import common
 

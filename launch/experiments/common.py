@@ -1,4 +1,4 @@
-"""Shared pieces of the experiments: fixed-batch runs, time-to-target, the run folder (plots: launch/plots.py).
+"""Shared pieces of the experiments: fixed-batch runs, time-to-target, the run folder (plots: launch/observe/plots.py).
 
 Protocol (shared/notes/theory.md, "A"): held-out greedy evaluation at fixed SAMPLE intervals (the
 same for every batch size), target = first evaluation at or above R*, read by linear interpolation
@@ -48,7 +48,7 @@ def train_or_reuse(cfg: Config, run_dir: str, controller, log=print) -> dict:
     """train(cfg, run_dir) unless run_dir already holds a finished run of the same config (its
     summary.json): an interrupted experiment, rerun into the same folder, redoes only what did
     not finish. An unfinished (or preempted) run's folder is cleared and trained again."""
-    from cadence.launch.train import train
+    from cadence.launch.run.train import train
 
     summary_path = os.path.join(run_dir, "summary.json")
     config_path = os.path.join(run_dir, "config.yaml")

@@ -12,11 +12,11 @@ import dataclasses
 import os
 import shutil
 
-from cadence.launch import plots
+from cadence.launch.observe import plots
 from cadence.launch.config import Config
 from cadence.launch.experiments import common
 from cadence.launch.experiments.batch_invariance import run_grid
-from cadence.launch.train import train
+from cadence.launch.run.train import train
 from cadence.learner.controller import make_controller
 from cadence.learner.controller.decision import time_to_target_score
 

@@ -19,10 +19,10 @@ from cadence.actors.actor_loop import Actor
 from cadence.actors.engine import JaxEngine
 from cadence.actors.prompt_stream import PromptStream
 from cadence.actors.tasks.registry import make_task
-from cadence.launch import plots
+from cadence.launch.observe import plots
 from cadence.launch.config import Config, seq_len as config_seq_len
 from cadence.launch.experiments import common
-from cadence.launch.policy import build_policy
+from cadence.learner.models.policy import build_policy
 from cadence.learner.batching import build_microbatches
 from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput
 from cadence.learner.steps import make_train_step

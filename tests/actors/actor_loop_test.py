@@ -11,7 +11,7 @@ from cadence.actors.engine import JaxEngine
 from cadence.actors.prompt_stream import PromptStream
 from cadence.actors.tasks.registry import make_task
 from cadence.launch.config import load_config
-from cadence.launch.policy import build_policy
+from cadence.learner.models.policy import build_policy
 from cadence.protocols import codec
 from cadence.protocols.weights import InProcessWeights
 

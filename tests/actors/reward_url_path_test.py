@@ -17,7 +17,7 @@ import pytest
 
 from cadence.actors.actor_loop import Actor
 from cadence.actors.rewards.remote import RemoteScorer
-from cadence.launch.actor_process import prepare
+from cadence.launch.cluster.actor_process import prepare
 from cadence.protocols.weights import InProcessWeights
 from tests.scripted_engine import ScriptedEngine
 

@@ -11,7 +11,7 @@ import pytest
 
 from cadence.launch.config import load_config
 from cadence.launch.metrics import read_metrics
-from cadence.launch.train import train
+from cadence.launch.run.train import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURE = os.path.join(os.path.dirname(ROOT), "shared", "fixtures", "sort6-sft-llama")

@@ -9,7 +9,7 @@ from cadence.learner.models import hf_load
 from cadence.learner.models.config import ModelConfig
 from cadence.learner.models.hf_random import write_random_checkpoint
 from cadence.launch.metrics import read_metrics
-from cadence.launch.train import train
+from cadence.launch.run.train import train
 
 CKPT = ModelConfig(vocab_size=320, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=512,
                    qkv_bias=True)

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 from cadence.launch.metrics import read_metrics
-from cadence.launch.train import train
+from cadence.launch.run.train import train
 
 
 def test_short_run_raises_training_reward(small_config, tmp_path):

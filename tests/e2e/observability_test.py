@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 
 from cadence.launch.metrics import read_metrics
-from cadence.launch.prometheus import GAUGES
-from cadence.launch.sinks import scalars
+from cadence.launch.observe.prometheus import GAUGES
+from cadence.launch.observe.sinks import scalars
 from tests.sink_readers import read_offline_run, tensorboard_scalars
 from tests.waiting import wait_for
 
@@ -184,7 +184,7 @@ def test_failing_sinks_do_not_stop_a_real_run(tmp_path):
 def test_a_sink_raising_mid_run_is_switched_off(small_config, tmp_path, monkeypatch, capsys):
     from tensorboardX.writer import FileWriter
 
-    from cadence.launch.train import train
+    from cadence.launch.run.train import train
 
     original = FileWriter.add_summary
 

@@ -3,7 +3,7 @@ import pytest
 
 from cadence.launch.config_loader import ConfigError
 from cadence.launch.metrics import read_metrics
-from cadence.launch.train import train
+from cadence.launch.run.train import train
 
 
 def test_a_run_with_packed_microbatches_trains_and_reports_the_row_fill(small_config, tmp_path):

@@ -17,7 +17,7 @@ import pytest
 from cadence.actors.engine import JaxEngine
 from cadence.launch.config import load_config
 from cadence.launch.metrics import read_metrics
-from cadence.launch.train import train
+from cadence.launch.run.train import train
 from cadence.learner.loop import Decision, PipelineStopped
 from tests.slow_learner import SlowLearner
 
@@ -141,7 +141,7 @@ def test_a_preempted_runs_deadline_is_cancelled_when_it_ends():
     """Two preempted runs in one process: the first one's deadline must not kill the second."""
     script = textwrap.dedent("""
         import os, signal, time
-        from cadence.launch.lifecycle import Lifecycle
+        from cadence.launch.run.lifecycle import Lifecycle
         for run in range(2):
             with Lifecycle(timeout=1.0) as life:
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -160,7 +160,7 @@ def test_a_preempted_runs_deadline_is_cancelled_when_it_ends():
 def test_a_run_past_its_deadline_exits_with_status_1():
     script = textwrap.dedent("""
         import os, signal, time
-        from cadence.launch.lifecycle import Lifecycle
+        from cadence.launch.run.lifecycle import Lifecycle
         with Lifecycle(timeout=0.5) as life:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(10)  # a final checkpoint that never finishes

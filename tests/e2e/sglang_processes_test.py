@@ -1,5 +1,5 @@
 """`cadence train actors.engine=sglang actors.processes=1`: an actor process drives sglang-jax servers
-of its own (launch/actor_process.py), fed by the learner's weight server; real servers, real signals.
+of its own (launch/cluster/actor_process.py), fed by the learner's weight server; real servers, real signals.
 
 Weight sync is a server restart (sglang-jax), so with actors.max_staleness=2 the process restarts its
 server about every 3 versions and the groups' policy versions advance. Needs $CADENCE_SGLANG_PYTHON

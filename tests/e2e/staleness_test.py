@@ -2,7 +2,7 @@
 import pytest
 
 from cadence.launch.metrics import read_metrics
-from cadence.launch.train import train
+from cadence.launch.run.train import train
 from tests.slow_learner import SlowLearner
 
 

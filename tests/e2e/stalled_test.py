@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from cadence.launch.train import train
+from cadence.launch.run.train import train
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from cadence.launch.metrics import read_metrics
-from cadence.launch.train import train
+from cadence.launch.run.train import train
 
 
 @pytest.mark.parametrize("behavior", ["full", "nucleus"])

@@ -67,12 +67,12 @@ def test_warmup_transcript_keeps_the_tools_output_out_of_the_loss():
 
 
 def test_supervised_warmup_trains_only_on_the_models_tokens():
-    """The warm-up's batches (launch/train.py) carry the transcripts' masks: the tool's output is
+    """The warm-up's batches (launch/run/train.py) carry the transcripts' masks: the tool's output is
     in the context, out of the loss."""
     from cadence.actors.prompt_stream import PromptStream
     from cadence.launch.config import load_config
     from cadence.launch.metrics import Progress
-    from cadence.launch.train import supervised_warmup
+    from cadence.launch.run.train import supervised_warmup
 
     tok = CharTokenizer()
     task = make_task(TaskConfig(name=NAME, args={"digits": 2}), tok)

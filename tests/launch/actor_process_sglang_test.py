@@ -7,10 +7,10 @@ import pytest
 
 from cadence.actors.config import ActorsConfig, SGLangConfig
 from cadence.launch import config_loader
-from cadence.launch.actor_process import local_sglang
+from cadence.launch.cluster.actor_process import local_sglang
 from cadence.launch.config import Config
-from cadence.launch import pipeline
-from cadence.launch.supervisor import ActorSupervisor
+from cadence.launch.run import pipeline
+from cadence.launch.cluster.supervisor import ActorSupervisor
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_one_actor_process_sees_its_own_servers(monkeypatch, no_python):
 
 
 def test_a_restarted_process_removes_the_checkpoints_its_predecessor_exported(tmp_path):
-    from cadence.launch.actor_process import _LocalFiles
+    from cadence.launch.cluster.actor_process import _LocalFiles
 
     for name in ("v000003", "v000007", "jax-cache", "logs"):
         (tmp_path / "proc-0" / name).mkdir(parents=True)

@@ -6,7 +6,7 @@ import tempfile
 
 import pytest
 
-from cadence.launch.ray_local import LocalCluster, enter_private_network
+from cadence.launch.cluster.ray.local_cluster import LocalCluster, enter_private_network
 from tests.launch.ray_cluster import stop_drivers
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from cadence.launch import artifacts
 from cadence.launch.config import load_config
-from cadence.launch.policy import build_policy
+from cadence.learner.models.policy import build_policy
 
 HANGING_TASK = '''
 import dataclasses, time

@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 
-from cadence.launch import ray_status
-from cadence.launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE
+from cadence.launch.cluster.ray import status as ray_status
+from cadence.launch.cluster.ray.local_cluster import HEAD_RESOURCE, WORKER_RESOURCE
 from tests import waiting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,6 +1,6 @@
 """`cadence launch ray` against a real two-node Ray cluster (real CLI, real processes, real kills).
 
-Everything runs inside a private network namespace with only loopback (launch/ray_local.py): Ray
+Everything runs inside a private network namespace with only loopback (launch/cluster/ray/local_cluster.py): Ray
 listens on all interfaces, and tests may only talk to loopback. The head node carries the
 resource `head_node`, the worker node `worker_node`; the configs put the learner on the head and
 the actors on the worker through launch.learner_resources / launch.actor_resources.
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from cadence.launch import ray_status
-from cadence.launch.ray_local import HEAD_RESOURCE, WORKER_RESOURCE, listening_sockets
+from cadence.launch.cluster.ray import status as ray_status
+from cadence.launch.cluster.ray.local_cluster import HEAD_RESOURCE, WORKER_RESOURCE, listening_sockets
 from tests.launch.ray_cluster import (PLACE, SHORT, _logs, finish, launch, node_ids, status, stop_launch,
                                        wait_for)
 
@@ -101,8 +101,8 @@ def checkpoint_digest(run_dir, step) -> str:
     """SHA-256 of the params in RUN_DIR/checkpoints/STEP, restored here on one device."""
     from cadence.launch import artifacts
     from cadence.launch.config import load_config
-    from cadence.launch.policy import build_policy
-    from cadence.launch.recorder import arrays_of
+    from cadence.learner.models.policy import build_policy
+    from cadence.launch.run.recorder import arrays_of
     from cadence.learner.checkpoint import Checkpointer
     from cadence.learner.steps import make_train_step
 

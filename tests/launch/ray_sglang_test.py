@@ -10,9 +10,9 @@ import time
 import pytest
 
 from cadence.actors.sglang.testing import SKIP_REASON, sglang_python
-from cadence.launch import ray_status
+from cadence.launch.cluster.ray import status as ray_status
 from cadence.launch.metrics import read_metrics
-from cadence.launch.ray_local import WORKER_RESOURCE
+from cadence.launch.cluster.ray.local_cluster import WORKER_RESOURCE
 from tests.e2e.sglang_processes_test import living, servers_of
 from tests.launch.ray_cluster import PLACE, finish, launch, node_ids, status, stop_launch, wait_for
 from tests.proc_table import processes

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from cadence.launch import ray_status
+from cadence.launch.cluster.ray import status as ray_status
 from cadence.launch.cli import main
 from cadence.launch.config import load_config
 from cadence.launch.config_loader import ConfigError

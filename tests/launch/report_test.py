@@ -7,7 +7,11 @@ import re
 import numpy as np
 import pytest
 
-from cadence.launch import cli, plots, report
+from cadence.launch import cli
+
+from cadence.launch.observe import plots
+
+from cadence.launch.observe import report
 from tests.launch.status_test import beat, make_run, records
 
 

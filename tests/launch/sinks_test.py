@@ -8,10 +8,10 @@ import pytest
 
 from cadence.launch.config import load_config
 from cadence.launch.config_loader import ConfigError
-from cadence.launch.heartbeat import Heartbeat
+from cadence.launch.observe.heartbeat import Heartbeat
 from cadence.launch.metrics import MetricsWriter, read_metrics
-from cadence.launch.prometheus import PrometheusSink, RecordCollector
-from cadence.launch.sinks import Sinks, TensorBoardSink, open_sinks, scalars
+from cadence.launch.observe.prometheus import PrometheusSink, RecordCollector
+from cadence.launch.observe.sinks import Sinks, TensorBoardSink, open_sinks, scalars
 from tests.sink_readers import tensorboard_events, tensorboard_scalars
 
 RECORDS = [

@@ -29,7 +29,7 @@ def test_cache_dir_setting(monkeypatch, tmp_path):
 
 
 def test_default_path_imports_only_what_it_uses():
-    code = ("import sys, cadence.launch.cli, cadence.launch.train; from cadence.launch.config import load_config; load_config(); "
+    code = ("import sys, cadence.launch.cli, cadence.launch.run.train; from cadence.launch.config import load_config; load_config(); "
             f"print([m for m in {UNUSED_BY_DEFAULT!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300)
     assert out.returncode == 0, out.stderr

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import yaml
 
-from cadence.launch import cli, status
+from cadence.launch import cli
+
+from cadence.launch.observe import status
 from cadence.launch.config import RunConfig
-from cadence.launch.sinks import open_sinks
+from cadence.launch.observe.sinks import open_sinks
 
 
 def make_run(path, steps=100, target=0.0, records=(), hb=None, summary=None, ckpt_steps=()):

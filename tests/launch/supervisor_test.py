@@ -11,7 +11,7 @@ import msgspec
 
 from cadence.launch.config import Config
 from cadence.launch.config_loader import to_dict
-from cadence.launch.supervisor import ActorSupervisor
+from cadence.launch.cluster.supervisor import ActorSupervisor
 from cadence.protocols.codec import decode, encode
 from cadence.protocols.messages import Welcome
 

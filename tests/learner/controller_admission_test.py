@@ -9,7 +9,7 @@ import pytest
 
 from cadence.launch.config import load_config
 from cadence.launch.metrics import read_metrics
-from cadence.launch.train import train
+from cadence.launch.run.train import train
 from cadence.learner.loop import Decision
 from tests.slow_learner import SlowLearner
 

@@ -6,7 +6,7 @@ import pytest
 
 from cadence.launch.config import load_config
 from cadence.launch.config_loader import ConfigError
-from cadence.launch.policy import build_policy, export_policy
+from cadence.learner.models.policy import build_policy, export_policy
 from cadence.learner.models import hf_load
 from cadence.learner.models.config import ModelConfig
 from cadence.learner.models.hf_random import write_random_checkpoint

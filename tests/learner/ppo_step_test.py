@@ -120,7 +120,7 @@ def test_ppo_config_validation_names_the_key():
 def test_ppo_learns_sort6_in_a_short_seeded_run(tmp_path):
     from cadence.launch.config import load_config
     from cadence.launch.metrics import read_metrics
-    from cadence.launch.train import train
+    from cadence.launch.run.train import train
 
     cfg = load_config(overrides=["learner.algorithm=ppo", "run.steps=60", "run.eval_every=30",
                                  "learner.sft.steps=30", "task.heldout_size=64", "run.progress=false"])

@@ -27,7 +27,7 @@ from cadence.actors.engine import EngineConfig, JaxEngine  # noqa: E402
 from cadence.actors.tasks.config import TaskConfig  # noqa: E402
 from cadence.actors.tasks.registry import make_task  # noqa: E402
 from cadence.launch.config import load_config  # noqa: E402
-from cadence.launch.policy import build_policy  # noqa: E402
+from cadence.learner.models.policy import build_policy  # noqa: E402
 from cadence.learner.models import llama  # noqa: E402
 from cadence.learner.models.hf_tokenizer import HFTokenizer  # noqa: E402
 

@@ -3,7 +3,7 @@
     st = run_status("runs/sort-...")     # dict: state, step, samples, reward and its trend, ...
     console.print(render(st))            # the screen; EXIT_CODES[st["state"]] is the exit status
 
-States, from RUN_DIR/heartbeat.json (launch/heartbeat.py), the process table and summary.json:
+States, from RUN_DIR/heartbeat.json (launch/observe/heartbeat.py), the process table and summary.json:
     running    the heartbeat is fresh and its process exists
     stalled    the heartbeat is fresh and its process exists, but no update has landed for
                run.stall_factor times the slowest of its recent updates (an evaluation or a
@@ -26,7 +26,7 @@ import time
 import numpy as np
 import yaml
 
-from cadence.launch import heartbeat
+from cadence.launch.observe import heartbeat
 
 EXIT_CODES = {"running": 0, "finished": 4, "preempted": 5, "dead": 6, "stalled": 7}
 STALL_FACTOR = 10.0  # run.stall_factor's default (launch/config.py), for runs whose config lacks it

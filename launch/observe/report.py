@@ -2,7 +2,7 @@
 
     path = write_report(["runs/a", "runs/b"], "compare.html")
 
-Plots (launch/plots.py, PNG inlined as data: URIs; nothing is fetched when the file opens):
+Plots (launch/observe/plots.py, PNG inlined as data: URIs; nothing is fetched when the file opens):
 reward and held-out exact match against samples and against wall time, held-out reward,
 staleness, ESS and the sampler/learner mismatch KL, generation and training tokens/s, batch size,
 learning rate and the noise-scale estimate over time with the controller's decisions marked, loss
@@ -21,10 +21,10 @@ import os
 
 import numpy as np
 
-from cadence.launch import plots
+from cadence.launch.observe import plots
 from cadence.launch.metrics import read_metrics
-from cadence.launch.run_state import _flatten
-from cadence.launch.status import NotARun, run_status
+from cadence.launch.config_loader import flatten
+from cadence.launch.observe.status import NotARun, run_status
 
 MAX_POINTS = 2000  # points per line after smoothing (a days-long run has 10^5 updates)
 SAMPLES, TIME = ("samples", "samples"), ("wall_time", "wall seconds since the run started")
@@ -161,7 +161,7 @@ def build_panels(runs: list[dict]) -> list[tuple[str, plots.Panel, str]]:
 
 
 def _config_differences(runs: list[dict]) -> list[tuple[str, list]]:
-    flat = [_flatten(r["config"]) for r in runs]
+    flat = [flatten(r["config"]) for r in runs]
     keys = sorted(set().union(*flat))
     return [(k, [f.get(k) for f in flat]) for k in keys
             if k != "run.dir" and len({json.dumps(f.get(k), sort_keys=True) for f in flat}) > 1]

@@ -75,18 +75,3 @@ def export_policy(policy: Policy, params, out_dir: str, **kwargs) -> list[str]:
     from cadence.learner.models.hf_export import export_checkpoint
 
     return export_checkpoint(policy.model_cfg, params, out_dir, source=policy.model_cfg.path, **kwargs)
-
-
-def sglang_engine(cfg, policy: Policy, work_dir: str, fetch=None):
-    """SGLang servers serving this policy (actor threads in the learner, or one actor process):
-    cfg.actors.sglang's servers, exports and syncs in work_dir. fetch: whole copies of some param
-    arrays of a sharded learner (exports and sync buckets)."""
-    from cadence.actors.sglang.checkpoint import export_for_server
-    from cadence.actors.sglang.engine import SGLangEngine
-    from cadence.learner.models.hf_export import hf_tensors
-
-    return SGLangEngine(cfg.actors.sglang, max_new_tokens=cfg.engine.max_new_tokens,
-                        eos_id=policy.tokenizer.eos_id, pad_id=policy.tokenizer.pad_id,
-                        temperature=cfg.engine.temperature, top_p=cfg.engine.top_p, work_dir=work_dir,
-                        export_fn=lambda params, d: export_for_server(policy.model_cfg, params, d, fetch=fetch),
-                        tensors_fn=lambda params: hf_tensors(policy.model_cfg, params), gather_fn=fetch)

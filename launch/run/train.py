@@ -5,9 +5,9 @@
 
 The parts: run_state (where the run starts: a checkpoint's arrays, ledger, stream position and
 queued groups, or a fresh directory), the supervised warm-up, the Pipeline (dispatcher, weight
-server, actor threads or processes; launch/pipeline.py), the LearnerLoop (learner/loop.py), the
-Recorder (evaluation, metrics, checkpoints after each update; launch/recorder.py) and the
-Lifecycle (SIGTERM/SIGINT: a final checkpoint within one deadline, exit 0; launch/lifecycle.py).
+server, actor threads or processes; launch/run/pipeline.py), the LearnerLoop (learner/loop.py), the
+Recorder (evaluation, metrics, checkpoints after each update; launch/run/recorder.py) and the
+Lifecycle (SIGTERM/SIGINT: a final checkpoint within one deadline, exit 0; launch/run/lifecycle.py).
 """
 from __future__ import annotations
 
@@ -24,16 +24,18 @@ from cadence.actors.prompt_stream import PromptStream
 from cadence.actors.rewards import make_scorer
 from cadence.actors.tasks.base import is_multi_turn
 from cadence.actors.tasks.registry import make_task
-from cadence.launch import artifacts, compile_cache, run_state
+from cadence.launch import artifacts, compile_cache
+from cadence.launch.run import run_state
 from cadence.launch.config_loader import ConfigError, to_dict
 from cadence.launch.config import Config, seq_len as config_seq_len
-from cadence.launch.learner_group import LearnerProcesses  # [sharded learner]
-from cadence.launch.lifecycle import Lifecycle
+from cadence.launch.cluster.learner_group import LearnerProcesses  # [sharded learner]
+from cadence.launch.run.lifecycle import Lifecycle
 from cadence.launch.metrics import Progress
-from cadence.launch.pipeline import Pipeline, start_actor_processes
-from cadence.launch.policy import build_policy, export_policy, resolve_model_config, sglang_engine
-from cadence.launch.sinks import open_sinks
-from cadence.launch.recorder import Recorder, arrays_of
+from cadence.launch.run.pipeline import Pipeline, start_actor_processes
+from cadence.actors.sglang.build import sglang_engine
+from cadence.learner.models.policy import build_policy, export_policy, resolve_model_config
+from cadence.launch.observe.sinks import open_sinks
+from cadence.launch.run.recorder import Recorder, arrays_of
 from cadence.learner import packing
 from cadence.learner.checkpoint import Checkpointer
 from cadence.learner.controller import make_controller
@@ -200,7 +202,7 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
     gate = AdmissionGate(batch_size, cfg.actors.max_staleness)
     gate.steps_taken, gate.issued = begin.step0, G * len(begin.ledger.queued)
     # SGLang servers here only for actor threads; actor processes drive servers of their own
-    # (launch/actor_process.py), fed by the weight server like any actor process.
+    # (launch/cluster/actor_process.py), fed by the weight server like any actor process.
     threads_drive_sglang = cfg.actors.engine == "sglang" and not cfg.actors.processes and cfg.actors.num_actors > 0
     actor_engine = sglang_engine(cfg, policy, cfg.actors.sglang.work_dir or os.path.join(run_dir, "sglang"),
                                  procs.fetch) if threads_drive_sglang else learner.engine
@@ -226,7 +228,7 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
         if meta.get("concurrency"):
             pipe.set_concurrency(meta["concurrency"])
     clock = begin.clock
-    # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/sinks.py)
+    # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/observe/sinks.py)
     sinks = open_sinks(cfg.run, run_dir, to_dict(cfg), resumed=begin.restored, step0=begin.step0)
     if not begin.restored:
         record0 = {"step": 0, "samples": 0, "wall_time": clock(), **learner.sft_metrics,

@@ -209,7 +209,7 @@ def prepare(config: dict, warm: bool = False, sglang_urls: tuple[str, ...] = (),
     from cadence.actors.tasks.registry import make_task
     from cadence.launch import compile_cache, config_loader
     from cadence.launch.config import Config
-    from cadence.launch.policy import policy_skeleton
+    from cadence.learner.models.policy import policy_skeleton
 
     cfg = config_loader.merge(Config(), config)
     if cfg.actors.engine == "sglang":
@@ -240,7 +240,7 @@ def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log, sglang_urls=
     from cadence.actors.env_runner import EnvRunner
     from cadence.actors.remote_weights import RemoteWeights
     from cadence.actors.tasks.base import is_multi_turn
-    from cadence.launch.policy import sglang_engine
+    from cadence.actors.sglang.build import sglang_engine
     from cadence.protocols.weights_wire import WeightClient
 
     cfg, policy, task, engine = parts.cfg, parts.policy, parts.task, parts.engine

@@ -7,7 +7,7 @@ metrics, summary, its stdout is this command's); processes 1..N-1 follow it (lea
 On a cluster, start one process per host yourself with learner.distributed.* set (or
 auto_detect under SLURM / on TPU pods); the rest is the same.
 
-`LearnerProcesses` is what launch/train.py asks of the group: the layout, the wrappers that make
+`LearnerProcesses` is what launch/run/train.py asks of the group: the layout, the wrappers that make
 process 0's collective calls reach the others, whole weights for the engine and exports, and the
 follower's loop.
 """

@@ -6,7 +6,7 @@
     hb.stop("finished")                             # or "preempted" / "failed": the last word
 
 A daemon thread rewrites the file atomically (write, then rename), so a reader never sees half a
-file. `cadence status` (launch/status.py) tells running / stalled / finished / preempted / dead
+file. `cadence status` (launch/observe/status.py) tells running / stalled / finished / preempted / dead
 from it: a fresh "running" heartbeat whose process exists is a running run, unless its newest
 record (last_record_at) is much older than the recent updates took (stalled: the process lives
 and beats, but training is stuck); a stale one, or one whose process is gone, is a dead run

@@ -9,7 +9,7 @@ metrics.jsonl is written on the calling thread (it is the run's record and what 
 The other sinks (`run.loggers`, `run.prometheus_port`) run on one background thread fed by a
 bounded queue, so a slow disk, a W&B server that does not answer or a sink that raises never
 holds up an update: a sink that raises is reported once on stderr and switched off for the rest
-of the run; training goes on. The heartbeat (launch/heartbeat.py) for `cadence status` starts here.
+of the run; training goes on. The heartbeat (launch/observe/heartbeat.py) for `cadence status` starts here.
 
 TensorBoard: RUN_DIR/tensorboard, one scalar per number in the record (float32, as TensorBoard
 stores them), the config as text; a resumed run purges the steps after its checkpoint.
@@ -28,7 +28,7 @@ import threading
 import uuid
 from typing import Callable, Protocol
 
-from cadence.launch.heartbeat import Heartbeat
+from cadence.launch.observe.heartbeat import Heartbeat
 from cadence.launch.metrics import MetricsWriter
 
 QUEUE_RECORDS = 10_000  # records the background sinks may fall behind by before records are dropped
@@ -250,7 +250,7 @@ def open_sinks(run_cfg, run_dir: str, config: dict, resumed: bool = False, step0
     if "wandb" in run_cfg.loggers:
         factories["wandb"] = lambda: WandbSink(run_dir, run_cfg.wandb_project, run_cfg.wandb_entity, config, resumed)
     if run_cfg.prometheus_port:
-        from cadence.launch.prometheus import PrometheusSink
+        from cadence.launch.observe.prometheus import PrometheusSink
 
         factories["prometheus"] = lambda: PrometheusSink(run_cfg.prometheus_host, run_cfg.prometheus_port)
     return Sinks(jsonl, factories, heartbeat, warn)

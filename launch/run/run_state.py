@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from cadence.actors.prompt_stream import PromptStream
 from cadence.launch import artifacts
-from cadence.launch.config_loader import ConfigError, load_yaml, to_dict
+from cadence.launch.config_loader import ConfigError, flatten, load_yaml, to_dict
 from cadence.launch.metrics import Clock
 from cadence.protocols.ledger import SampleLedger
 
@@ -26,20 +26,9 @@ class RunFinished(RuntimeError):
     """The run directory holds a finished run: resuming would train zero steps."""
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def incompatible_keys(saved: dict, current: dict) -> list[str]:
     """Frozen keys whose values differ between the saved config and the current one."""
-    a, b = _flatten(saved), _flatten(current)
+    a, b = flatten(saved), flatten(current)
     keys = sorted(set(a) | set(b))
     return [k for k in keys if k.startswith(FROZEN_PREFIXES) and a.get(k) != b.get(k)]
 
@@ -47,7 +36,7 @@ def incompatible_keys(saved: dict, current: dict) -> list[str]:
 def check_compatible(run_dir: str, saved_cfg: dict, current_cfg: dict) -> None:
     bad = incompatible_keys(saved_cfg, current_cfg)
     if bad:
-        pairs = "; ".join(f"{k}: {_flatten(saved_cfg).get(k)!r} -> {_flatten(current_cfg).get(k)!r}" for k in bad)
+        pairs = "; ".join(f"{k}: {flatten(saved_cfg).get(k)!r} -> {flatten(current_cfg).get(k)!r}" for k in bad)
         raise ConfigError(f"cannot resume {run_dir} with a changed {', '.join(bad)} ({pairs}); "
                           "start a new run.dir instead")
 

@@ -33,10 +33,12 @@ import yaml
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from cadence.launch import ray_hosts, ray_status
-from cadence.launch.ray_actors import ActorFleet, LogGatherer
+from cadence.launch.cluster.ray import hosts as ray_hosts
+
+from cadence.launch.cluster.ray import status as ray_status
+from cadence.launch.cluster.ray.fleet import ActorFleet, LogGatherer
 from cadence.launch.config_loader import to_dict
-from cadence.launch.pipeline import ENDPOINT_FILE
+from cadence.launch.artifacts import ENDPOINT_FILE
 from cadence._root import IMPORT_ROOT
 from cadence.learner import multihost
 

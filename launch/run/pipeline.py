@@ -7,7 +7,7 @@
     pipe.stop(deadline, finished)   # actors leave; prompts still in flight stay in the ledger
 
 Actors are threads in this process (`actors.processes=0`, the default) or processes started and
-restarted by launch/supervisor.py; either way they speak the dispatcher protocol
+restarted by launch/cluster/supervisor.py; either way they speak the dispatcher protocol
 (protocols/dispatch.py), threads over `inproc://`, processes over `actors.listen`. By default that is
 an `ipc://` socket in RUN_DIR/sockets (mode 0700), which only this user's processes on this host can
 reach: they join with `cadence actor --connect ENDPOINT` (the endpoint is in RUN_DIR/endpoint.json);
@@ -30,8 +30,9 @@ import zmq
 from cadence.actors.actor_loop import Actor
 from cadence.actors.env_runner import EnvRunner
 from cadence.actors.tasks.base import is_multi_turn
+from cadence.launch.artifacts import ENDPOINT_FILE
+from cadence.launch.cluster.supervisor import ActorSupervisor
 from cadence.launch.config import completion_budget
-from cadence.launch.supervisor import ActorSupervisor
 from cadence.learner.loop import PipelineStopped
 from cadence.learner.models.named_arrays import ParamLayout
 from cadence.protocols.admission import AdmissionGate
@@ -45,7 +46,6 @@ from cadence.protocols.weights import InProcessWeights
 from cadence.protocols.weights_wire import WeightServer
 from cadence.protocols.zmq_transport import CurveKeys, private_dir, stop_authenticator
 
-ENDPOINT_FILE = "endpoint.json"
 
 
 class Pipeline:
