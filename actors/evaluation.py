@@ -10,6 +10,7 @@ held-out rewards failed; 0 when none did).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -17,17 +18,39 @@ import numpy as np
 
 from cadence.actors.episodes import generate_rollouts
 from cadence.actors.rewards.scoring import InlineScorer, Scorer, failures_as_misses, score_rollouts
-from cadence.actors.tasks.base import Prompt
+from cadence.actors.tasks.base import Completion, Prompt, Score, completion_text
+
+
+@dataclasses.dataclass(frozen=True)
+class Heldout:
+    """Each held-out prompt with its greedy completion and score, and the metrics of them all."""
+
+    task: str  # the task's name
+    metrics: dict  # eval/reward, eval/exact_match, eval/<task metric>, eval/reward_errors
+    prompts: list[Prompt]
+    completions: list[Completion]  # ids (multi-turn: turns and observations) and decoded text
+    scores: list[Score]
 
 
 def evaluate_heldout(engine, task, params, prompts: Sequence[Prompt] | None = None,
                      scorer: Scorer | None = None, envs=None) -> dict:
     """Greedy decoding (multi-turn tasks: greedy episodes) of the held-out set, then scoring.
     envs: the EnvRunner of multi-turn tasks (task.env_threads, task.env_timeout_s)."""
+    return heldout_results(engine, task, params, prompts, scorer, envs).metrics
+
+
+def heldout_results(engine, task, params, prompts: Sequence[Prompt] | None = None,
+                    scorer: Scorer | None = None, envs=None) -> Heldout:
+    """evaluate_heldout, keeping each completion and score (to read, or to break down by kind)."""
     prompts = list(task.heldout() if prompts is None else prompts)
     out = generate_rollouts(engine, params, task, prompts, jax.random.key(0), greedy=True, envs=envs)
     scores = [s for group in score_rollouts(scorer or InlineScorer(task), task, prompts, out) for s in group]
     scores = failures_as_misses(scores, has_reference=any(p.answer for p in prompts))
+    completions = [Completion(tuple(ids), completion_text(task.tokenizer, ids)) for ids in out.tokens]
+    return Heldout(task.name, _metrics(scores), prompts, completions, scores)
+
+
+def _metrics(scores: Sequence[Score]) -> dict:
     metrics = {"eval/reward": float(np.mean([s.reward for s in scores]))}
     exact = [s.exact_match for s in scores]
     if all(e is not None for e in exact):

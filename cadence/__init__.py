@@ -48,6 +48,7 @@ _PUBLIC = {
     "Config": "cadence.launch.config",
     "load_config": "cadence.launch.config",
     "train": "cadence.launch.run.train",
+    "evaluate": "cadence.launch.evaluate",
 }
 
 __all__ = sorted(_PUBLIC)

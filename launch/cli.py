@@ -160,27 +160,14 @@ def cmd_eval(args) -> int:
         cfg = load_config([cfg_path])
     except ConfigError as e:
         return _fail(f"config error in {cfg_path}: {e}", EXIT_CONFIG)
-    from cadence.actors.engine import JaxEngine
-    from cadence.actors.rewards import make_scorer
-    from cadence.actors.tasks.registry import make_task
-    from cadence.launch import artifacts
-    from cadence.learner.models.policy import build_policy
-    from cadence.launch.run.train import evaluate
+    from cadence.launch.evaluate import evaluate
 
-    policy = build_policy(cfg)  # the same model config and tokenizer the run trained with
     try:
-        params = artifacts.load_params(args.run_dir, policy.params)
+        held = evaluate(cfg, args.run_dir)
     except FileNotFoundError as e:
         return _fail(str(e), 1)
-    tok = policy.tokenizer
-    engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, tok.eos_id, tok.pad_id)
-    task = make_task(cfg.task, tok)
-    scorer = make_scorer(cfg.task, task, tok)  # the run's rewards, with its time and memory limits
-    try:
-        result = {"run_dir": os.path.abspath(args.run_dir), "task": task.name,
-                  "heldout_size": len(task.heldout()), **evaluate(engine, task, params, scorer=scorer)}
-    finally:
-        scorer.close()
+    result = {"run_dir": os.path.abspath(args.run_dir), "task": held.task, "heldout_size": len(held.prompts),
+              **held.metrics}
     print(json.dumps(result))
     return 0
 

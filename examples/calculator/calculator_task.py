@@ -26,7 +26,7 @@ import re
 
 import numpy as np
 
-from cadence.actors.tasks.base import Prompt, Step
+from cadence import Prompt, Step
 
 CALL = re.compile(r"c(?:(\d{1,9})([+-])(\d{1,9}))?")
 

@@ -13,8 +13,7 @@ import os
 import re
 import sys
 
-from cadence.actors.tasks.base import Score
-from cadence.actors.tasks.records import RecordsTask
+from cadence import RecordsTask, Score
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sandbox import pass_rate  # noqa: E402  (a sibling module: this example is not a package)

@@ -9,8 +9,7 @@ match and run.stop_at_exact_match work as for the built-in tasks).
 """
 from __future__ import annotations
 
-from cadence.actors.tasks.base import Score
-from cadence.actors.tasks.records import RecordsTask
+from cadence import RecordsTask, Score
 
 
 def reward(prompt, completion) -> Score:

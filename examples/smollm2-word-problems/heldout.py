@@ -5,7 +5,7 @@ with a few completions to read.
     python examples/smollm2-word-problems/heldout.py --run runs/NAME        # the run's trained params
     ... [--limit N] [--show K] [key=value overrides]
 
-Generation and scoring are the held-out evaluation's own (actors/evaluation.py: one greedy engine
+Generation and scoring are the held-out evaluation's own (`cadence.evaluate`: one greedy engine
 call, the task's score); this adds the breakdown and the texts. Prints one JSON line.
 """
 
@@ -18,18 +18,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # run from a checkout
 
-import jax  # noqa: E402
-
-from cadence.actors.engine import JaxEngine  # noqa: E402
-from cadence.actors.episodes import generate_rollouts  # noqa: E402
-from cadence.actors.rewards.scoring import InlineScorer, score_rollouts  # noqa: E402
-from cadence.actors.tasks.base import completion_text  # noqa: E402
-from cadence.actors.tasks.registry import make_task  # noqa: E402
-from cadence.launch import artifacts  # noqa: E402
-from cadence.launch.config import load_config  # noqa: E402
-from cadence.learner.models.policy import build_policy  # noqa: E402
+import cadence  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -40,35 +31,27 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=4, help="completions to print")
     args, overrides = ap.parse_known_args(argv)
     files = [os.path.join(args.run, "config.yaml")] if args.run else args.config
-    cfg = load_config(files, overrides)
-    policy = build_policy(cfg)
-    params = artifacts.load_params(args.run, policy.params) if args.run else policy.params
-    tok = policy.tokenizer
-    engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, tok.eos_id, tok.pad_id)
-    task = make_task(cfg.task, tok)
-    prompts = task.heldout()[: args.limit or None]
+    cfg = cadence.load_config(files, overrides)
     start = time.perf_counter()
-    out = generate_rollouts(engine, params, task, prompts, jax.random.key(0), greedy=True)
-    generate_s = time.perf_counter() - start
-    start = time.perf_counter()
-    scores = [g[0] for g in score_rollouts(InlineScorer(task), task, prompts, out)]
-    score_s = time.perf_counter() - start
+    held = cadence.evaluate(cfg, args.run or None, limit=args.limit or None)
+    seconds = time.perf_counter() - start
+    prompts, scores, completions = held.prompts, held.scores, held.completions
     by_ops: dict[int, list[float]] = collections.defaultdict(list)
     for p, s in zip(prompts, scores):
         by_ops[p.metadata["ops"]].append(s.reward)
-    lengths = [len(t) for t in out.tokens]
+    lengths = [len(c.ids) for c in completions]
     result = {
         "checkpoint": cfg.model.path, "run": args.run, "n": len(prompts),
         "accuracy": sum(s.reward for s in scores) / len(scores),
         "accuracy_by_ops": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_ops.items())},
         "n_by_ops": {k: len(v) for k, v in sorted(by_ops.items())},
         "formatted": sum(s.metrics["formatted"] for s in scores) / len(scores),
-        "ended_with_eos": sum(1 for t in out.tokens if t and t[-1] == tok.eos_id) / len(prompts),
+        "stopped_early": sum(1 for c in completions if len(c.ids) < cfg.engine.max_new_tokens) / len(prompts),
         "mean_completion_tokens": sum(lengths) / len(lengths), "max_new_tokens": cfg.engine.max_new_tokens,
-        "generate_s": round(generate_s, 1), "score_s": round(score_s, 3),  # inline: the verifier alone
+        "seconds": round(seconds, 1),  # model load, generation and scoring
         "samples": [{"problem": p.text, "answer": p.metadata["answer"], "reward": s.reward,
-                     "completion": completion_text(tok, t)}
-                    for p, s, t in list(zip(prompts, scores, out.tokens))[: args.show]],
+                     "completion": c.text}
+                    for p, s, c in list(zip(prompts, scores, completions))[: args.show]],
     }
     print(json.dumps(result))
     return 0
