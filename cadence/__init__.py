@@ -13,7 +13,11 @@ This package is the public API; plug-in tasks and scripts import only from here:
 and a run from Python is
 
     import cadence
-    summary = cadence.train(cadence.load_config(["my.yaml"], ["run.steps=100"]), "runs/mine")
+
+    if __name__ == "__main__":  # reward workers are spawned processes that import this file again
+        cfg = cadence.load_config(["my.yaml"], ["run.steps=100"])
+        summary = cadence.train(cfg, "runs/mine")
+        print(cadence.evaluate(cfg, "runs/mine").metrics)
 
 The internals live in four rooms installed beneath this package (cadence.protocols,
 cadence.learner, cadence.actors, cadence.launch), so installing Cadence claims one import name,

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 TASK = '''
 import os, signal, time
 import numpy as np
-from cadence.actors.tasks.base import Prompt, Score
+from cadence import Prompt, Score
 
 class DigitsTask:
     """Write digits: per character of the completion (4 at most), half a point for a digit and
