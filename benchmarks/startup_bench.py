@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every run")
     a = ap.parse_args()
     bare_jax = process_seconds("import jax, jax.numpy as jnp; jnp.zeros(1).block_until_ready()")
-    bare_import = process_seconds("import launch.train")
+    bare_import = process_seconds("import cadence.launch.run.train")
     runs: dict[str, list[dict]] = {"off": [], "cold": [], "warm": []}
     with tempfile.TemporaryDirectory() as work:
         for i in range(a.repeats):

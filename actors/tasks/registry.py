@@ -81,7 +81,7 @@ def make_task(cfg: TaskConfig, tokenizer=None):
 
     Args:
       cfg: the task sub-config.
-      tokenizer: the policy's tokenizer (launch.policy.Policy.tokenizer). None means the built-in
+      tokenizer: the policy's tokenizer (learner.models.policy.Policy.tokenizer). None means the built-in
         CharTokenizer, which the digit tasks default to; the jsonl task requires a checkpoint's.
 
     Raises:

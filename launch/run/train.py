@@ -117,7 +117,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
 class _Learner:
     """The learner side of a run, positioned where the run starts (a checkpoint or step 0)."""
 
-    policy: object  # launch.policy.Policy
+    policy: object  # learner.models.policy.Policy
     task: object
     train_step: object
     checkpointer: Checkpointer
@@ -188,7 +188,7 @@ class _Run:
     pipe: Pipeline
     loop: LearnerLoop
     recorder: Recorder
-    sinks: object  # launch.sinks: metrics.jsonl, loggers, Prometheus, heartbeat
+    sinks: object  # launch.observe.sinks: metrics.jsonl, loggers, Prometheus, heartbeat
     actor_engine: object  # the JaxEngine, or SGLang servers this process drives
 
 

@@ -1,6 +1,6 @@
 """Admission in samples with B changing mid-run: no update uses a sample older than the bound.
 
-A real run (actor threads, admission gate, learner loop) through launch.train.train with a
+A real run (actor threads, admission gate, learner loop) through launch.run.train.train with a
 controller that grows and shrinks B between updates, and a slowed learner so the actors run as far
 ahead as admission lets them.
 """
