@@ -27,13 +27,13 @@ from cadence.actors.tasks.registry import make_task
 from cadence.launch import artifacts, compile_cache
 from cadence.launch.run import run_state
 from cadence.launch.config_loader import ConfigError, to_dict
-from cadence.launch.config import Config, seq_len as config_seq_len
+from cadence.launch.config import Config, preflight, seq_len as config_seq_len
 from cadence.launch.cluster.learner_group import LearnerProcesses  # [sharded learner]
 from cadence.launch.run.lifecycle import Lifecycle
 from cadence.launch.metrics import Progress
 from cadence.launch.run.pipeline import Pipeline, start_actor_processes
 from cadence.actors.sglang.build import sglang_engine
-from cadence.learner.models.policy import build_policy, export_policy, resolve_model_config
+from cadence.learner.models.policy import build_policy, export_policy
 from cadence.launch.observe.sinks import open_sinks
 from cadence.launch.run.recorder import Recorder, arrays_of
 from cadence.learner import packing
@@ -89,8 +89,9 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
       a resume hands it the checkpoint's state.
     Raises ConfigError (a resume with changed frozen keys, nothing to resume), RunFinished.
     """
+    resolved = preflight(cfg)  # the checks that build the task and load the tokenizer (ConfigError)
     compile_cache.enable(cfg.run.jax_cache)  # before the first compile (launch/compile_cache.py)
-    procs = LearnerProcesses.start(cfg, resolve_model_config(cfg.model))  # [sharded learner] before any JAX work
+    procs = LearnerProcesses.start(cfg, resolved.model)  # [sharded learner] before any JAX work
     run_dir, resuming = run_state.locate(cfg, run_dir, resume)
     progress = Progress(cfg.run.progress)
     # Actor processes start now and build their model and engine while the learner builds its own
