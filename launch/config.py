@@ -7,7 +7,7 @@ Each section is owned by its package (ModelConfig in learner/models, TaskConfig 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 from cadence.actors.config import ActorsConfig
 from cadence.actors.engine import EngineConfig
@@ -132,6 +132,12 @@ class LaunchConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    # Keys that moved: a config using the old one is read as the new one, with a FutureWarning
+    # (launch/config_loader.py); setting both to different values is a ConfigError.
+    MOVED_KEYS: ClassVar[dict[str, tuple[str, str]]] = {
+        "learner.grpo.temperature": ("engine.temperature", "one temperature: the learner scores at the sampler's"),
+    }
+
     run: RunConfig = dataclasses.field(default_factory=RunConfig)  # the run itself
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)  # prompts and rewards
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)  # the policy network
@@ -147,11 +153,6 @@ class Config:
         tokenizer or the task built is checked by `preflight`, where a run starts."""
         if self.task.name in TEXT_TASKS and not self.model.path:
             raise ConfigError(f"task.name: the {self.task.name} task needs a checkpoint tokenizer; set model.path=DIR")
-        if self.learner.grpo.temperature != self.engine.temperature:
-            raise ConfigError(
-                f"learner.grpo.temperature: {self.learner.grpo.temperature} must equal "
-                f"engine.temperature ({self.engine.temperature}) so the learner scores the distribution "
-                "the sampler drew from")
         if (self.learner.grpo.behavior_logprobs == "nucleus" and self.actors.engine == "sglang"
                 and self.engine.top_p < 1.0):
             raise ConfigError("learner.grpo.behavior_logprobs: 'nucleus' needs the kept top-p mass, which "

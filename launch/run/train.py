@@ -144,7 +144,7 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
         except ValueError as e:
             raise ConfigError(str(e)) from None
     train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]
-                                 completion_budget=cfg.engine.max_new_tokens)
+                                 completion_budget=cfg.engine.max_new_tokens, temperature=cfg.engine.temperature)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
     logits_fn = llama_logits(policy.graphdef, cfg.learner.remat)
