@@ -42,11 +42,13 @@ class BatchSizeController:
       asynchronous: actors run ahead of the learner (max_staleness > 0): X = min(X_gen, X_train);
         otherwise the two alternate: 1/X = 1/X_gen + 1/X_train.
       generation, learner: throughput models (defaults: fitted online); tests pass fixed curves.
+      noise: the noise-scale estimator (default: NoiseScaleEstimator(cfg.noise_ema)); tests pass fixed values.
       concurrency: the actors' prompts per call at the start (actors.prompts_per_call).
     """
 
     def __init__(self, cfg: ControllerConfig, learner_cfg: LearnerConfig, num_actors: int = 1,
-                 asynchronous: bool = True, generation=None, learner=None, concurrency: int | None = None):
+                 asynchronous: bool = True, generation=None, learner=None, concurrency: int | None = None,
+                 noise=None):
         self.cfg = cfg
         self.asynchronous = asynchronous
         self.multiple = math.lcm(learner_cfg.group_size, learner_cfg.microbatch_size)
@@ -54,7 +56,7 @@ class BatchSizeController:
         self.base_hyper = optimizer_hyper(learner_cfg.optimizer)
         self.batch_size = learner_cfg.batch_size  # in force: the last update's, or the last decision's
         self.concurrency: int | None = concurrency  # in force (the observations report it)
-        self.noise = NoiseScaleEstimator(cfg.noise_ema)
+        self.noise = noise or NoiseScaleEstimator(cfg.noise_ema)
         self.generation = generation or GenerationThroughput(num_actors, cfg.saturation_prior)
         self.learner = learner or LearnerThroughput()
         self.window: collections.deque = collections.deque(maxlen=cfg.window)

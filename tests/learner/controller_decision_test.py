@@ -46,9 +46,7 @@ class Noise:
 def make(noise, gen, learn, **cfg):
     c = ControllerConfig(**{"enabled": True, "window": 5, "dwell": 10, "min_batch_size": 16,
                             "max_batch_size": 1024, "hysteresis": 0.1, **cfg})
-    ctrl = BatchSizeController(c, LEARNER, generation=Curve(gen), learner=Curve(learn))
-    ctrl.noise = Noise(noise)
-    return ctrl
+    return BatchSizeController(c, LEARNER, generation=Curve(gen), learner=Curve(learn), noise=Noise(noise))
 
 
 def drive(ctrl, steps, ess=0.9, clip=0.05, stale=0.5):
