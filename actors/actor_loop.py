@@ -157,9 +157,9 @@ class Actor:
                 self.stats.wait_seconds += time.perf_counter() - t0
                 if grant is None:
                     continue
-                if grant.grant_id.rsplit("-", 1)[0] != session:  # a new learner session
+                if grant.session != session:  # a new learner session
                     restarted = bool(session)
-                    session = grant.grant_id.rsplit("-", 1)[0]
+                    session = grant.session
                     reset = getattr(self.weights, "reset", None)
                     if reset is not None:  # the resumed run may be older than the weights we hold
                         reset()
@@ -170,14 +170,14 @@ class Actor:
                 self._phase("weights")
                 self.weights.ensure(grant.version)
                 groups = self.step(prompts, grant)
-                client.generate_seconds = self.stats.generate_seconds
+                client.report(generate_seconds=self.stats.generate_seconds)
                 engine_stats = getattr(self.engine, "stats", None)
                 if engine_stats is not None:  # SGLang's counters, per actor in the learner's metrics
                     name = getattr(self.engine, "name", "engine")
-                    client.engine_stats = {f"{name}/{k}": float(v)
-                                           for k, v in dataclasses.asdict(engine_stats).items()}
+                    client.report(engine_stats={f"{name}/{k}": float(v)
+                                                for k, v in dataclasses.asdict(engine_stats).items()})
                 if groups:  # the weights version it generates with, for its heartbeats (version lag)
-                    client.version = max(g.policy_version for g in groups)
+                    client.report(version=max(g.policy_version for g in groups))
                 self._phase("sending")
                 if client.send_groups(groups, grant):
                     self.stats.groups += len(groups)

@@ -7,7 +7,7 @@ Each section is owned by its package (ModelConfig in learner/models, TaskConfig 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 from cadence.actors.config import ActorsConfig
 from cadence.actors.engine import EngineConfig
@@ -132,6 +132,12 @@ class LaunchConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    # Keys that moved: a config using the old one is read as the new one, with a FutureWarning
+    # (launch/config_loader.py); setting both to different values is a ConfigError.
+    MOVED_KEYS: ClassVar[dict[str, tuple[str, str]]] = {
+        "learner.grpo.temperature": ("engine.temperature", "one temperature: the learner scores at the sampler's"),
+    }
+
     run: RunConfig = dataclasses.field(default_factory=RunConfig)  # the run itself
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)  # prompts and rewards
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)  # the policy network
@@ -143,48 +149,10 @@ class Config:
     launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)  # `cadence launch ray` placement and restarts
 
     def validate(self) -> None:
-        """Checks spanning sections (each section validated itself already)."""
-        from cadence.actors.tasks.registry import make_task
-        from cadence.learner.models.policy import load_tokenizer, resolve_model_config
-
+        """Checks spanning sections (each section validated itself already). Pure: what needs the
+        tokenizer or the task built is checked by `preflight`, where a run starts."""
         if self.task.name in TEXT_TASKS and not self.model.path:
             raise ConfigError(f"task.name: the {self.task.name} task needs a checkpoint tokenizer; set model.path=DIR")
-        # With model.path the checkpoint decides the architecture and the tokenizer.
-        try:
-            model = resolve_model_config(self.model)
-            tokenizer = load_tokenizer(model)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"model.path: {e}") from None
-        try:
-            task = make_task(self.task, tokenizer)
-        except OSError as e:
-            raise ConfigError(f"task.{'path' if self.task.name == 'jsonl' else 'args'}: {e}") from None
-        except ValueError as e:  # "<field>: <problem>" of the task section
-            raise ConfigError(f"task.{e}") from None
-        except Exception as e:  # noqa: BLE001 - a plug-in task's own factory failed
-            raise ConfigError(f"task.name: building the task {self.task.name!r} failed: "
-                              f"{type(e).__name__}: {e}") from None
-        multi_turn = is_multi_turn(task)
-        if not multi_turn and self.engine.max_new_tokens < task.max_completion_len:
-            detail = {"jsonl": "the longest answer", "word_problems": "the longest worked solution", "sort": f"task.num_digits={self.task.num_digits}",
-                      "add_reversed": f"task.num_digits={self.task.num_digits}"}.get(self.task.name, "this task")
-            raise ConfigError(
-                f"engine.max_new_tokens: {self.engine.max_new_tokens} is shorter than the task's "
-                f"answers ({task.max_completion_len} tokens with {detail})")
-        # A multi-turn context grows to prompt + episode budget, and each turn may add max_new_tokens.
-        need = task.max_prompt_len + self.engine.max_new_tokens + (task.max_completion_len if multi_turn else 0)
-        if model.max_seq_len < need:
-            where = f"the checkpoint's max_position_embeddings ({model.max_seq_len})" if model.path else \
-                f"{model.max_seq_len}"
-            raise ConfigError(f"model.max_seq_len: {where} < prompt + completion = {need}")
-        vocab = tokenizer.vocab_size
-        if model.vocab_size < vocab:
-            raise ConfigError(f"model.vocab_size: {model.vocab_size} < the tokenizer's {vocab} ids")
-        if self.learner.grpo.temperature != self.engine.temperature:
-            raise ConfigError(
-                f"learner.grpo.temperature: {self.learner.grpo.temperature} must equal "
-                f"engine.temperature ({self.engine.temperature}) so the learner scores the distribution "
-                "the sampler drew from")
         if (self.learner.grpo.behavior_logprobs == "nucleus" and self.actors.engine == "sglang"
                 and self.engine.top_p < 1.0):
             raise ConfigError("learner.grpo.behavior_logprobs: 'nucleus' needs the kept top-p mass, which "
@@ -194,6 +162,58 @@ class Config:
         if self.learner.minibatches > 1 and self.controller.enabled:
             # The noise-scale estimate reads one accumulated gradient per batch.
             raise ConfigError("learner.minibatches: the batch-size controller needs 1 update per batch")
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """What `preflight` built to check a config: the model config (a checkpoint's architecture
+    when model.path is set), its tokenizer and the task."""
+
+    model: ModelConfig
+    tokenizer: object
+    task: object
+
+
+def preflight(cfg: Config) -> Resolved:
+    """The checks that need the tokenizer loaded and the task built (files read; a plug-in task's
+    factory runs): called where a run starts (`train`), not at load, so loading and printing a
+    config has no side effects. Raises ConfigError naming the key (the CLI exits 2)."""
+    from cadence.actors.tasks.registry import make_task
+    from cadence.learner.models.policy import load_tokenizer, resolve_model_config
+
+    # With model.path the checkpoint decides the architecture and the tokenizer.
+    try:
+        model = resolve_model_config(cfg.model)
+        tokenizer = load_tokenizer(model)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.path: {e}") from None
+    try:
+        task = make_task(cfg.task, tokenizer)
+    except OSError as e:
+        raise ConfigError(f"task.{'path' if cfg.task.name == 'jsonl' else 'args'}: {e}") from None
+    except ValueError as e:  # "<field>: <problem>" of the task section
+        raise ConfigError(f"task.{e}") from None
+    except Exception as e:  # noqa: BLE001 - a plug-in task's own factory failed
+        raise ConfigError(f"task.name: building the task {cfg.task.name!r} failed: "
+                          f"{type(e).__name__}: {e}") from None
+    multi_turn = is_multi_turn(task)
+    if not multi_turn and cfg.engine.max_new_tokens < task.max_completion_len:
+        detail = {"jsonl": "the longest answer", "word_problems": "the longest worked solution",
+                  "sort": f"task.num_digits={cfg.task.num_digits}",
+                  "add_reversed": f"task.num_digits={cfg.task.num_digits}"}.get(cfg.task.name, "this task")
+        raise ConfigError(
+            f"engine.max_new_tokens: {cfg.engine.max_new_tokens} is shorter than the task's "
+            f"answers ({task.max_completion_len} tokens with {detail})")
+    # A multi-turn context grows to prompt + episode budget, and each turn may add max_new_tokens.
+    need = task.max_prompt_len + cfg.engine.max_new_tokens + (task.max_completion_len if multi_turn else 0)
+    if model.max_seq_len < need:
+        where = f"the checkpoint's max_position_embeddings ({model.max_seq_len})" if model.path else \
+            f"{model.max_seq_len}"
+        raise ConfigError(f"model.max_seq_len: {where} < prompt + completion = {need}")
+    vocab = tokenizer.vocab_size
+    if model.vocab_size < vocab:
+        raise ConfigError(f"model.vocab_size: {model.vocab_size} < the tokenizer's {vocab} ids")
+    return Resolved(model, tokenizer, task)
 
 
 # The defaults suit the built-in tiny model (30 warm-up steps at lr 3e-3, RL at 1e-3) and would wreck

@@ -4,6 +4,8 @@ The tree is plain frozen dataclasses; this module knows nothing about Cadence's 
 `{"learner": {"optimizer": {"lr": 1e-3}}}` and `learner.optimizer.lr=1e-3` into a new tree,
 checking every key and value on the way: an unknown key, a wrong type or a value a section's
 `validate()` refuses raises ConfigError naming the dotted key (the CLI turns that into exit 2).
+A root class may declare `MOVED_KEYS = {"old.key": ("new.key", "why")}`: a config that still uses
+an old key is read as if it used the new one, with a FutureWarning saying so.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import dataclasses
 import difflib
 import types
 import typing
+import warnings
 from typing import Any, Literal
 
 import yaml
@@ -121,6 +124,8 @@ def merge(node, data: dict, root_cls=None, prefix: str = ""):
     root_cls = root_cls or type(node)
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
+    if not prefix:
+        data = move_keys(data, getattr(root_cls, "MOVED_KEYS", {}))
     hints = _hints(type(node))
     fields = _fields(type(node))
     changes = {}
@@ -140,6 +145,55 @@ def merge(node, data: dict, root_cls=None, prefix: str = ""):
         else:
             changes[name] = coerce(key, hint, value)
     return dataclasses.replace(node, **changes)
+
+
+def move_keys(data: dict, moved: dict[str, tuple[str, str]]) -> dict:
+    """`data` (a nested dict, not changed) with each old dotted key of `moved` put under its new
+    key, warning (FutureWarning) for each; ConfigError when `data` sets both, to different values."""
+    for old, (new, why) in moved.items():
+        path = old.split(".")
+        node = data
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or path[-1] not in node:
+            continue
+        value = node[path[-1]]
+        data = _without(data, path)
+        have = data
+        for part in new.split("."):
+            have = have.get(part, _MISSING) if isinstance(have, dict) else _MISSING
+        if have is not _MISSING and have != value:
+            raise ConfigError(f"{old}: replaced by {new} ({why}); this config sets both, to {value!r} and "
+                              f"{have!r}: keep {new} only")
+        warnings.warn(f"config key {old} is deprecated: set {new} instead ({why}); read as {new}={value!r}",
+                      FutureWarning, stacklevel=2)
+        data = _with(data, new.split("."), value)
+    return data
+
+
+_MISSING = object()
+
+
+def _without(data: dict, path: list[str]) -> dict:
+    """A copy of nested `data` without the leaf at `path` (mappings left empty are dropped)."""
+    out = dict(data)
+    if len(path) == 1:
+        out.pop(path[0], None)
+        return out
+    inner = _without(out[path[0]], path[1:])
+    if inner:
+        out[path[0]] = inner
+    else:
+        out.pop(path[0])
+    return out
+
+
+def _with(data: dict, path: list[str], value) -> dict:
+    """A copy of nested `data` with `value` at `path`."""
+    out = dict(data)
+    out[path[0]] = value if len(path) == 1 else _with(out.get(path[0]) if isinstance(out.get(path[0]), dict) else {},
+                                                       path[1:], value)
+    return out
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -62,7 +62,6 @@ class GRPOConfig:
     # vocabulary, what the learner recomputes: sampler == learner gives ratio 1) or "nucleus"
     # (logprob - kept_logmass: the probability the token was actually drawn with).
     behavior_logprobs: Literal["full", "nucleus"] = "full"
-    temperature: float = 1.0  # Sampling temperature; the learner divides logits by it.
     # Weight of the token-mean entropy bonus (subtracted from the loss). On by default: from a
     # pretrained checkpoint Cadence did not make (the sort6-sft-llama fixture) the policy's EOS
     # decision collapsed without it (held-out EM 0.0 from update 50 on; seed 0 never reached 0.5
@@ -102,8 +101,6 @@ class GRPOConfig:
                 f"correction: must be one of 'decoupled', 'coupled', 'none', got {self.correction!r}"
             )
         _check_choice("behavior_logprobs", self.behavior_logprobs, ("full", "nucleus"))
-        if not self.temperature > 0:
-            raise ValueError(f"temperature: must be > 0, got {self.temperature}")
         if self.entropy_coef < 0:
             raise ValueError(f"entropy_coef: must be >= 0, got {self.entropy_coef}")
         _check_choice("std_scope", self.std_scope, ("group", "batch"))
@@ -126,7 +123,7 @@ class PPOConfig:
     """PPO with a learned value function: GAE, clipped value loss, optional KL to a reference.
 
     The policy side reuses GRPOConfig (clip range, off-policy correction, importance level,
-    aggregation, temperature, entropy bonus); only the advantages come from the critic.
+    aggregation, entropy bonus); only the advantages come from the critic.
     """
 
     gamma: float = 1.0  # Discount of the per-token rewards (1: the verifiable reward is undiscounted).

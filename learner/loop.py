@@ -1,22 +1,26 @@
 """The learner loop: take exactly B samples, train one step, publish the next policy version.
 
-    loop = LearnerLoop(train_step, transport, gate, weights, settings)
-    state = loop.run(state, num_steps, on_step=callback)   # callback(metrics) -> True to stop
+    loop = LearnerLoop(train_step, transport, gate, weights, settings, controller=controller)
+    state = loop.run(state, num_steps, on_step=callback)   # callback(step, state, metrics) -> True to stop
 
 Each step: collect groups from the transport until B samples (dropping any that are staler than
 the bound, counted), tell the admission gate the batch is taken, build fixed-shape microbatches,
-run the jitted update, publish the new params as version step + 1. Everything here is host-side.
+run the jitted update, publish the new params as version step + 1, and hand the controller a typed
+Observation; its Decision (batch size, Adam's hyperparameters, actor concurrency) is applied here
+(learner/controller/interface.py). B is the gate's: the controller decides it, `apply` sets it.
+Everything here is host-side.
 """
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 
 from cadence.learner.batching import build_microbatches
+from cadence.learner.controller.interface import Controller, Decision, Generation, GradientNorms, Observation
 from cadence.learner.packing import pack_microbatches, rows_per_microbatch
 from cadence.protocols.admission import AdmissionGate
 from cadence.protocols.ledger import SampleLedger
@@ -32,7 +36,6 @@ class StopRequested(PipelineStopped):
 
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
-    batch_size: int  # samples per update
     group_size: int
     microbatch_size: int
     seq_len: int  # fixed microbatch length: prompt + completion, padded
@@ -49,56 +52,66 @@ class Batch:
     wait_seconds: float  # time the learner was blocked waiting for samples
 
 
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """What a batch-size controller asks for after a step (None fields: leave as is)."""
-
-    batch_size: int | None = None  # samples per update from the next step on
-    hyperparams: dict | None = None  # e.g. {"learning_rate": ..., "b1": ..., "b2": ..., "eps": ...}
-    concurrency: int | None = None  # prompts per engine call for the actors
-    reason: str = ""
-
-
-class Controller(Protocol):
-    """Called after every update with its metrics; returns a Decision to change course, or None."""
-
-    def after_step(self, step: int, metrics: dict) -> Decision | None: ...
-
-
 class LearnerLoop:
+    """See the module docstring.
+
+    Args:
+      train_step, transport, gate, weights, settings: the jitted step, where groups arrive, the
+        admission gate (its batch_size is the B in force), where new versions are published, and
+        the fixed shapes.
+      health: raises when the generation side failed (called while waiting for samples).
+      controller: told every update (None: nothing changes B, Adam or the concurrency).
+      on_concurrency: applies a decided concurrency (the dispatcher tells the actors).
+      ledger: the run's SampleLedger; publish: params -> what actors get (a sharded learner's
+        whole copies).
+      measure_generation: (step, record) -> the generation side's Generation counters, adding its
+        own metrics to the step's record.
+      group_filter: group -> a drop reason or None to keep (dynamic sampling: groups whose
+        advantages are all zero); dropped groups free their admission slots.
+      before_update: called before each update (the update donates the Adam moments, so a
+        checkpoint still being written from them must finish first: Checkpointer.wait).
+      samples, dropped: where a resumed run's counts stand.
+    """
+
     def __init__(self, train_step, transport, gate: AdmissionGate, weights, settings: LoopSettings,
                  health: Callable[[], None] | None = None, controller: Controller | None = None,
                  on_concurrency: Callable[[int], None] | None = None,
-                 ledger: SampleLedger | None = None, publish: Callable[[Any], Any] | None = None):
+                 ledger: SampleLedger | None = None, publish: Callable[[Any], Any] | None = None, *,
+                 measure_generation: Callable[[int, dict], Generation | None] | None = None,
+                 group_filter: Callable[[Any], str | None] | None = None,
+                 before_update: Callable[[], None] | None = None,
+                 samples: int = 0, dropped: dict[str, int] | None = None):
         self.train_step = train_step
         self.transport = transport
         self.gate = gate
         self.weights = weights
         self.settings = settings
         self.health = health or (lambda: None)
-        self.samples = 0  # samples consumed by updates so far
-        self.batch_size = settings.batch_size
+        self.samples = samples  # samples consumed by updates so far
         self.controller = controller
         self.ledger = ledger or SampleLedger()
-        self.enrich: Callable[[int, dict], None] = lambda step, metrics: None  # wiring adds measurements
-        # group_filter(group) -> a drop reason (str) or None to keep; e.g. dynamic sampling drops
-        # groups whose advantages are all zero. Dropped groups free their admission slots.
-        self.group_filter: Callable[[Any], str | None] | None = None
-        self.dropped: dict[str, int] = {}
+        self.measure_generation = measure_generation or (lambda step, record: None)
+        self.group_filter = group_filter
+        self.dropped: dict[str, int] = dict(dropped or {})
         self.reward_errors: dict[str, int] = {}  # completions whose reward failed, by reason (whole run)
         self.on_concurrency = on_concurrency or (lambda c: None)
-        # params -> what actors get: the params themselves, or (a sharded learner) whole copies
         self.publish = publish or (lambda params: params)
-        # Called before each update: the update donates the Adam moments, so a checkpoint still
-        # being written from them in the background must finish first (Checkpointer.wait).
-        self.before_update: Callable[[], None] | None = None
+        self.before_update = before_update
+        self._check_batch_size(gate.batch_size)
 
-    def set_batch_size(self, batch_size: int) -> None:
+    @property
+    def batch_size(self) -> int:
+        """Samples per update in force (the gate's, as the controller last decided)."""
+        return self.gate.batch_size
+
+    def _check_batch_size(self, batch_size: int) -> None:
         s = self.settings
         if batch_size % s.group_size or batch_size % s.microbatch_size:
             raise ValueError(f"batch_size {batch_size} must be a multiple of group_size ({s.group_size}) "
                              f"and microbatch_size ({s.microbatch_size})")
-        self.batch_size = batch_size
+
+    def set_batch_size(self, batch_size: int) -> None:
+        self._check_batch_size(batch_size)
         self.gate.set_batch_size(batch_size)
 
     def apply(self, state, decision: Decision):
@@ -106,8 +119,8 @@ class LearnerLoop:
         injected optimizer hyperparameters)."""
         if decision.batch_size is not None and decision.batch_size != self.batch_size:
             self.set_batch_size(decision.batch_size)
-        if decision.hyperparams:
-            state = self.train_step.set_hyperparams(state, **decision.hyperparams)
+        if decision.hyperparams is not None:
+            state = self.train_step.set_hyperparams(state, **decision.hyperparams.as_kwargs())
         if decision.concurrency is not None:
             self.on_concurrency(decision.concurrency)
         return state
@@ -216,15 +229,32 @@ class LearnerLoop:
             version = step + 1
             self.weights.publish(self.publish(state.params), version)
             metrics["step"] = version
-            self.enrich(version, metrics)
+            generation = self.measure_generation(version, metrics)
+            metrics.update({f"dropped/{reason}": n for reason, n in self.dropped.items()})  # cumulative, by reason
             if self.controller is not None:
-                decision = self.controller.after_step(version, metrics)
+                decision = self.controller.update(observation(version, metrics, generation))
+                metrics.update(self.controller.metrics())
                 if decision is not None:
                     state = self.apply(state, decision)
                     metrics["controller/decision"] = decision.reason
             if on_step is not None and on_step(version, state, metrics):
                 break
         return state
+
+
+def observation(step: int, metrics: dict, generation: Generation | None = None) -> Observation:
+    """The controller's view of one update, from the record train_on built (the train step's
+    metrics by name: the one place they are read for the controller)."""
+    m = metrics
+    grads = None
+    if m.get("microbatch_grad_norm_sq") is not None:
+        grads = GradientNorms(float(m["grad_norm_sq"]), tuple(m["microbatch_grad_norm_sq"]),
+                              tuple(m["microbatch_tokens"]))
+    return Observation(step=step, batch_size=int(m["batch_size"]), train_seconds=m.get("learner/train_seconds"),
+                       tokens=float(m.get("tokens", 0)), gradients=grads, ess=m.get("ess"),
+                       clip_frac=m.get("clip_frac"), staleness_mean=m.get("staleness/mean"),
+                       staleness_max=m.get("staleness/max"), learning_rate=m.get("learning_rate"),
+                       generation=generation)
 
 
 def _scalar(v):

@@ -4,12 +4,14 @@ Every process holds its shards of the same arrays and must launch the same shard
 the same order. Process 0 ("the leader") does everything a one-process learner does (actors,
 learner loop, controller, metrics, checkpoint metadata); before each collective operation it
 sends the operation to the other processes ("followers") over a `Channel`, and they run it too
-(learner/follow.py). A command is a name, a small JSON object and named NumPy arrays: an
-update's host microbatches, new optimizer hyperparameters, "save a checkpoint", "gather the
-weights of params generation 7", "stop".
+(learner/leader.py: `Leader` sends, `Follower` runs what it is sent). A command is a name, a small
+JSON object and named NumPy arrays: an update's host microbatches, new optimizer hyperparameters,
+"save a checkpoint", "gather the weights of params generation 7", "stop".
 
     group = join(cfg.learner.distributed)       # first thing a process does: before any JAX work
-    if not group.is_leader: follow(...)          # else lead: Leader(group, ...) wraps the step etc.
+    if group.is_leader: Leader(group, layout, params)       # wraps the step, SFT step and checkpointer
+    else: Follower(group, layout, train_step, ...).run()    # until the leader says stop
+(launch/cluster/learner_group.py: `LearnerProcesses.lead` / `.follow` wire them into a run.)
 """
 from __future__ import annotations
 

@@ -24,19 +24,30 @@ import time
 
 
 class AdmissionGate:
-    """Thread-safe sample credits shared by actors (admit) and the learner (take/drop)."""
+    """Thread-safe sample credits shared by actors (admit) and the learner (take/drop).
 
-    def __init__(self, batch_size: int, max_staleness: int, on_change=None):
+    Args:
+      batch_size: B in force (the controller's; the learner loop applies its changes).
+      max_staleness: the bound, in policy versions.
+      on_change: called (outside the lock) when credits may have opened up.
+      steps_taken: batches the learner has started (a resumed run: the step it resumes after).
+      issued: samples already in line (a resumed run: those of the restored queued groups).
+    """
+
+    def __init__(self, batch_size: int, max_staleness: int, on_change=None, *, steps_taken: int = 0,
+                 issued: int = 0):
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         if max_staleness < 0:
             raise ValueError(f"max_staleness: must be >= 0, got {max_staleness}")
+        if steps_taken < 0 or issued < 0:
+            raise ValueError(f"steps_taken and issued: must be >= 0, got {steps_taken}, {issued}")
         self._cond = threading.Condition()
         self.batch_size = batch_size
         self.max_staleness = max_staleness
-        self.issued = 0        # samples admitted so far
+        self.issued = issued   # samples admitted so far
         self.consumed = 0      # samples taken by the learner or dropped (they left the line)
-        self.steps_taken = 0   # batches the learner has started
+        self.steps_taken = steps_taken  # batches the learner has started
         self.closed = False
         # Called (outside the lock) when credits may have opened up: the dispatcher re-checks the
         # actors waiting for work at once instead of at its next tick.

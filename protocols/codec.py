@@ -5,8 +5,9 @@ message Struct as a map whose `type` field names its kind. A well-formed message
 pass; one that fails is decoded again envelope first (the body kept as raw bytes), so a peer on
 another schema version is reported as such even when its message shapes have changed, and only
 then is the body decoded and validated. Unknown fields in a body are ignored, so adding an
-optional field needs no version bump; removing, renaming, or retyping one does (bump
-SCHEMA_VERSION).
+optional field needs no version bump, nor does removing one that has a default (an older peer
+fills the default in: Control's batch_size and max_staleness went this way); renaming, retyping,
+or removing a required one does (bump SCHEMA_VERSION).
 
 Every failure is a `ProtocolError` subclass whose text says what is wrong: truncated or malformed
 bytes, a message over `max_bytes` (both sizes), another schema version (both versions), foreign

@@ -252,7 +252,7 @@ class Dispatcher:
         rec.wanted = 0
         return [(rec.peer, Grant(grant_id=grant_id, prompt_indices=[p.index for p in prompts],
                                  prompt_ids=[p.prompt_id for p in prompts], version=version,
-                                 min_version=min_version))]
+                                 min_version=min_version, session=self.session))]
 
     def regrant(self) -> list[tuple[Peer, Any]]:
         """Retry waiting requests (call when the gate moved: a batch taken, a version published)."""

@@ -55,9 +55,10 @@ class DispatcherClient:
         self.learner_version = 0
         self.concurrency: int | None = None  # the controller's latest word, if any
         self.stop_reason = ""  # set by a Control(stop) from the learner
-        self.generate_seconds = 0.0  # cumulative, reported in heartbeats
-        self.version = -1  # weights version this actor holds, reported in heartbeats
-        self.engine_stats: dict[str, float] = {}  # its engine's counters, reported in heartbeats
+        # reported in heartbeats; the actor sets them through report()
+        self.generate_seconds = 0.0  # cumulative engine time
+        self.version = -1  # weights version this actor holds
+        self.engine_stats: dict[str, float] = {}  # its engine's counters
         self.resets = 0
         self.bad_messages = 0
         self._phase, self._phase_since = "idle", time.monotonic()
@@ -92,6 +93,18 @@ class DispatcherClient:
         if name != self._phase:
             self._phase, self._phase_since = name, time.monotonic()
 
+    def report(self, *, version: int | None = None, generate_seconds: float | None = None,
+               engine_stats: dict[str, float] | None = None) -> None:
+        """What the next heartbeats tell the learner (None: unchanged): the weights version this
+        actor generates with (the learner's version-lag metric), its cumulative engine time, and
+        its engine's counters."""
+        if version is not None:
+            self.version = version
+        if generate_seconds is not None:
+            self.generate_seconds = generate_seconds
+        if engine_stats is not None:
+            self.engine_stats = dict(engine_stats)
+
     def request(self, n: int, stop: threading.Event, timeout: float | None = None) -> Grant | None:
         """Ask for up to n prompt groups and wait for the grant. None if `stop` is set, the learner
         told us to stop, the session changed while waiting, or after `timeout` seconds."""
@@ -110,7 +123,7 @@ class DispatcherClient:
                     grant = self._grants.get(timeout=0.05)
                 except queue.Empty:
                     continue
-                if grant.grant_id.startswith(session):
+                if grant.session == session:
                     return grant
             if deadline is not None and time.monotonic() > deadline:
                 return None
@@ -118,7 +131,7 @@ class DispatcherClient:
 
     def current(self, grant: Grant) -> bool:
         """Is the grant still the learner's (no restart or reset since)?"""
-        return bool(self.session) and grant.grant_id.startswith(self.session)
+        return bool(self.session) and grant.session == self.session
 
     def send_groups(self, groups: list[RolloutGroup], grant: Grant) -> bool:
         """Queue the groups for the learner; False (nothing sent) if the grant's session is over."""

@@ -317,20 +317,22 @@ class WeightsRequest(_Message, kw_only=True, tag="weights_request"):
 
 
 class Control(_Message, kw_only=True, tag="control"):
-    """The learner or controller tells actors to change settings or stop; None means unchanged."""
+    """The learner tells actors to change their concurrency or to stop; None means unchanged.
 
-    batch_size: int | None = None  # new learner batch size B in samples
+    Earlier versions also carried `batch_size` and `max_staleness`, never sent or read (actors do
+    not need B: admission is the dispatcher's). Both were optional with a None default, so the
+    schema version stays: an older peer's Control still decodes here (unknown fields are ignored)
+    and ours decodes there (the missing fields take their default).
+    """
+
     concurrency: int | None = None  # new number of prompts an actor keeps in flight
-    max_staleness: int | None = None  # new bound on policy versions between sampling and use
     stop: bool = False  # finish in-flight work and exit
     reason: str = ""  # why (with stop: "finished", "hung: ..."), for the actor's log
 
     def validate(self) -> None:
         """Raises InvalidMessage if a given setting is out of range."""
-        for field, lowest in (("batch_size", 1), ("concurrency", 1), ("max_staleness", 0)):
-            value = getattr(self, field)
-            if value is not None and value < lowest:
-                raise InvalidMessage(f"Control.{field}: must be >= {lowest}, got {value}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise InvalidMessage(f"Control.concurrency: must be >= 1, got {self.concurrency}")
 
 
 # -- the dispatcher protocol (protocols/dispatch.py): actors ask for work, the learner grants it ----
@@ -393,6 +395,14 @@ class Grant(_Message, kw_only=True, tag="grant"):
     prompt_ids: list[str]  # the matching prompt ids, checked by the actor against its task
     version: int  # newest policy version at admission: generate with this one or newer
     min_version: int  # oldest version the learner will still accept for these samples
+    # The learner session that granted it: work of an older session is void. A dispatcher before
+    # this field sent ids "<session>-<n>": decoding such a Grant fills the field from its id.
+    session: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.session and "-" in self.grant_id:
+            force_setattr(self, "session", self.grant_id.rsplit("-", 1)[0])
+        self.validate()
 
     def validate(self) -> None:
         _check_nonempty("Grant", grant_id=self.grant_id, prompt_indices=self.prompt_indices)

@@ -19,7 +19,7 @@ import yaml
 from cadence.launch import config_loader
 from cadence.launch.config import Config
 from cadence.launch.metrics import read_metrics
-from cadence.learner.controller import BatchSizeController, scaled_learner
+from cadence.learner.controller import BatchSizeController, holding_controller, scaled_learner
 
 RunRecord = dict[str, Any]
 
@@ -78,11 +78,9 @@ def train_or_reuse(cfg: Config, run_dir: str, controller, log=print) -> dict:
 
 
 def observer(cfg: Config) -> BatchSizeController:
-    """A controller that never changes B but logs the noise scale and throughput estimates."""
-    c = dataclasses.replace(cfg.controller, enabled=True, min_batch_size=cfg.learner.batch_size,
-                            max_batch_size=cfg.learner.batch_size, scale_concurrency=False,
-                            min_ess=0.0, max_clip_frac=1.0, base_batch_size=0)
-    return BatchSizeController(c, cfg.learner, cfg.actors.num_actors, cfg.actors.max_staleness > 0)
+    """A controller that never changes B but logs the noise scale and throughput estimates; no
+    initial rescaling (fixed_batch_config already holds the rule's Adam values)."""
+    return holding_controller(dataclasses.replace(cfg.controller, base_batch_size=0), cfg.learner, cfg.actors)
 
 
 def run_record(cfg: Config, run_dir: str, metric: str, **labels) -> RunRecord:

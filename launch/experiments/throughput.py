@@ -67,7 +67,8 @@ def measure(base: Config, concurrencies, batch_sizes, repeats: int, min_seconds:
         log(f"  generation c={c:<4} {c * G / secs:8.1f} samples/s ({len(calls)} calls)")
     # learner: real groups from the engine, as many as the largest batch needs
     groups = actor.step(stream.take(max(batch_sizes) // G))
-    ts = make_train_step(policy.graphdef, base.learner, completion_budget=base.engine.max_new_tokens)
+    ts = make_train_step(policy.graphdef, base.learner, completion_budget=base.engine.max_new_tokens,
+                         temperature=base.engine.temperature)
     state = {"s": ts.init(policy.params)}  # each update donates the moments: keep the newest state
     L = config_seq_len(base, task.max_prompt_len)
     learn = []

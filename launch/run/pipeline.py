@@ -1,8 +1,8 @@
 """The generation side as the learner sees it: one dispatcher, a weight server, and the actors.
 
-    pipe = Pipeline(cfg, run_dir, task, stream, ledger, gate, weights, engine, restored_groups, progress)
+    pipe = Pipeline(cfg, run_dir, task, stream, ledger, batch_size, weights, engine, restored_groups, progress)
     pipe.start()                    # dispatcher thread; actor threads or processes; listener for more
-    loop = LearnerLoop(train_step, pipe.queue, gate, pipe, ...)   # pipe.publish(params, v) each step
+    loop = LearnerLoop(train_step, pipe.queue, pipe.gate, pipe, ...)   # pipe.publish(params, v) each step
     ...
     pipe.stop(deadline, finished)   # actors leave; prompts still in flight stay in the ledger
 
@@ -49,10 +49,22 @@ from cadence.protocols.zmq_transport import CurveKeys, private_dir, stop_authent
 
 
 class Pipeline:
-    def __init__(self, cfg, run_dir: str, task, stream, ledger: SampleLedger, gate: AdmissionGate,
+    """The generation side: dispatcher and its admission gate, weight server, actors (module docstring).
+
+    batch_size: B in force at the start (the controller's course); the gate counts admissions with
+    it from the weights' version on (one batch taken per version), the restored groups already in line.
+    """
+
+    def __init__(self, cfg, run_dir: str, task, stream, ledger: SampleLedger, batch_size: int,
                  weights: InProcessWeights, engine, restored_groups, progress, config_dict: dict, scorer=None,
                  supervisor: ActorSupervisor | None = None):
         a = cfg.actors
+        restored_groups = list(restored_groups)
+        # on_change: the dispatcher re-checks waiting actors at once (the server is built below,
+        # before anything can change the gate)
+        self.gate = gate = AdmissionGate(batch_size, a.max_staleness, on_change=lambda: self.server.wake(),
+                                         steps_taken=weights.version,
+                                         issued=cfg.learner.group_size * len(restored_groups))
         self.cfg, self.run_dir, self.progress = a, run_dir, progress
         self.weights, self.engine = weights, engine
         self.queue = InProcessTransport()  # groups for the learner
@@ -88,7 +100,6 @@ class Pipeline:
                           on_actor_gone=self._gone, on_hung=self._hung, on_bad_group=self._bad_group)
         self.server = DispatchServer(core, ctx=self.ctx, external=listen, keys=self.keys,
                                      max_bytes=int(a.max_message_mb * (1 << 20)))
-        gate.on_change = self.server.wake
         self.endpoint = self.server.endpoint
         if self.endpoint:
             auth = "curve" if self.keys else "same_user" if self.endpoint.startswith("ipc://") else "none"

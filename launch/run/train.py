@@ -27,25 +27,24 @@ from cadence.actors.tasks.registry import make_task
 from cadence.launch import artifacts, compile_cache
 from cadence.launch.run import run_state
 from cadence.launch.config_loader import ConfigError, to_dict
-from cadence.launch.config import Config, seq_len as config_seq_len
+from cadence.launch.config import Config, preflight, seq_len as config_seq_len
 from cadence.launch.cluster.learner_group import LearnerProcesses  # [sharded learner]
 from cadence.launch.run.lifecycle import Lifecycle
 from cadence.launch.metrics import Progress
 from cadence.launch.run.pipeline import Pipeline, start_actor_processes
 from cadence.actors.sglang.build import sglang_engine
-from cadence.learner.models.policy import build_policy, export_policy, resolve_model_config
+from cadence.learner.models.policy import build_policy, export_policy
 from cadence.launch.observe.sinks import open_sinks
 from cadence.launch.run.recorder import Recorder, arrays_of
 from cadence.learner import packing
 from cadence.learner.checkpoint import Checkpointer
-from cadence.learner.controller import make_controller
+from cadence.learner.controller import Generation, make_controller
 from cadence.learner.dynamic_sampling import make_group_filter
 from cadence.learner.loop import LearnerLoop, LoopSettings
 from cadence.learner.models.llama import count_params
 from cadence.learner.steps import make_train_step
 from cadence.learner.steps.scoring import llama_logits
 from cadence.learner.steps.sft_step import SFTStep, build_sft_batch
-from cadence.protocols.admission import AdmissionGate
 from cadence.protocols.weights import InProcessWeights
 
 def evaluate(engine: JaxEngine, task, params, prompts=None, scorer=None, envs=None) -> dict:
@@ -85,12 +84,14 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     resume: "no" (a new run), "auto" (continue from the newest complete checkpoint if there is
       one, else start), "yes" (continue, and fail if there is nothing to continue).
     wrap_train_step: tests inject faults (e.g. a deliberately slow learner) by wrapping the step.
-    controller: a learner.loop.Controller consulted after every update (batch size, Adam
-      hyperparameters, actor concurrency).
+    controller: a learner.controller.Controller, the owner of the batch size, Adam's
+      hyperparameters and the actors' concurrency (default: make_controller(cfg.controller, ...));
+      a resume hands it the checkpoint's state.
     Raises ConfigError (a resume with changed frozen keys, nothing to resume), RunFinished.
     """
+    resolved = preflight(cfg)  # the checks that build the task and load the tokenizer (ConfigError)
     compile_cache.enable(cfg.run.jax_cache)  # before the first compile (launch/compile_cache.py)
-    procs = LearnerProcesses.start(cfg, resolve_model_config(cfg.model))  # [sharded learner] before any JAX work
+    procs = LearnerProcesses.start(cfg, resolved.model)  # [sharded learner] before any JAX work
     run_dir, resuming = run_state.locate(cfg, run_dir, resume)
     progress = Progress(cfg.run.progress)
     # Actor processes start now and build their model and engine while the learner builds its own
@@ -143,7 +144,7 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
         except ValueError as e:
             raise ConfigError(str(e)) from None
     train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]
-                                 completion_budget=cfg.engine.max_new_tokens)
+                                 completion_budget=cfg.engine.max_new_tokens, temperature=cfg.engine.temperature)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
     logits_fn = llama_logits(policy.graphdef, cfg.learner.remat)
@@ -198,9 +199,11 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
     where the learner's begin says; records step 0 (held-out eval) on a new run."""
     policy, begin, state, G = learner.policy, learner.begin, learner.state, cfg.learner.group_size
     meta = begin.meta
-    batch_size = int(meta.get("batch_size", cfg.learner.batch_size))  # where the controller had moved B
-    gate = AdmissionGate(batch_size, cfg.actors.max_staleness)
-    gate.steps_taken, gate.issued = begin.step0, G * len(begin.ledger.queued)
+    # The controller owns B, Adam's hyperparameters and the concurrency; the rest apply its course.
+    controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
+    if begin.restored:
+        _restore_controller(controller, meta)
+    course = controller.course()
     # SGLang servers here only for actor threads; actor processes drive servers of their own
     # (launch/cluster/actor_process.py), fed by the weight server like any actor process.
     threads_drive_sglang = cfg.actors.engine == "sglang" and not cfg.actors.processes and cfg.actors.num_actors > 0
@@ -208,25 +211,12 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
                                  procs.fetch) if threads_drive_sglang else learner.engine
     # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
     publish = procs.publisher(whole=not threads_drive_sglang)
-    pipe = Pipeline(cfg, run_dir, learner.task, begin.stream, begin.ledger, gate,
+    pipe = Pipeline(cfg, run_dir, learner.task, begin.stream, begin.ledger, course.batch_size,
                     InProcessWeights(publish(state.params), begin.step0),
                     actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), learner.scorer,
                     supervisor=early)
-    controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
-    if begin.restored and controller is not None and meta.get("controller") is not None:
-        controller.load_state_dict(meta["controller"])
-    loop = LearnerLoop(learner.train_step, pipe.queue, gate, pipe,
-                       LoopSettings(cfg.learner.batch_size, G, cfg.learner.microbatch_size, learner.seq_len,
-                                    policy.tokenizer.pad_id, cfg.learner.grpo, cfg.learner.microbatch_tokens),
-                       health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
-                       ledger=begin.ledger, publish=publish)  # [sharded learner]
-    loop.group_filter = make_group_filter(cfg.learner)  # dynamic sampling (None when off)
-    loop.before_update = learner.checkpointer.wait  # the update donates what a save may still read
-    loop.batch_size = batch_size
-    if begin.restored:
-        loop.samples, loop.dropped = meta["samples"], dict(meta["dropped"])
-        if meta.get("concurrency"):
-            pipe.set_concurrency(meta["concurrency"])
+    if course.concurrency is not None and course.concurrency != cfg.actors.prompts_per_call:
+        pipe.set_concurrency(course.concurrency)  # a resumed run: where the controller had moved it
     clock = begin.clock
     # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/observe/sinks.py)
     sinks = open_sinks(cfg.run, run_dir, to_dict(cfg), resumed=begin.restored, step0=begin.step0)
@@ -237,7 +227,17 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
         before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
             ("reward", record0["eval/reward"])
         progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
-    loop.enrich = _enrich(cfg, pipe, loop, actor_engine, clock, begin)
+    loop = LearnerLoop(learner.train_step, pipe.queue, pipe.gate, pipe,
+                       LoopSettings(G, cfg.learner.microbatch_size, learner.seq_len,
+                                    policy.tokenizer.pad_id, cfg.learner.grpo, cfg.learner.microbatch_tokens),
+                       health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
+                       ledger=begin.ledger, publish=publish,  # [sharded learner]
+                       # its rates count from now: after the step-0 evaluation
+                       measure_generation=_generation_meter(cfg, pipe, actor_engine, begin),
+                       group_filter=make_group_filter(cfg.learner),  # dynamic sampling (None when off)
+                       before_update=learner.checkpointer.wait,  # the update donates what a save may still read
+                       samples=meta["samples"] if begin.restored else 0,
+                       dropped=meta["dropped"] if begin.restored else None)
     snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock)
     recorder = Recorder(cfg.run, sinks, progress, learner.evaluate_params, learner.checkpointer, begin.summary,
                         clock, snapshot, samples0=loop.samples)
@@ -270,13 +270,23 @@ def _drive(cfg: Config, run_dir: str, learner: _Learner, run: _Run, progress: Pr
     return state, preempted
 
 
-def _enrich(cfg, pipe: Pipeline, loop: LearnerLoop, actor_engine, clock, begin):
-    """Generation-side measurements, added to each step's metrics before the controller sees them."""
+def _restore_controller(controller, meta: dict) -> None:
+    """The checkpoint's controller state, at the course the run was in: the loop's B and the
+    dispatcher's concurrency as the checkpoint recorded them (before the controller owned them, its
+    own record of B could lag a change made at the checkpoint's step)."""
+    course = {k: meta[k] for k in ("batch_size", "concurrency") if meta.get(k)}
+    controller.load_state_dict({**(meta.get("controller") or {}), **course})
+
+
+def _generation_meter(cfg, pipe: Pipeline, actor_engine, begin):
+    """(step, record) -> the generation side's Generation counters for the controller; adds the
+    generation-side measurements to the step's record."""
+    clock = begin.clock
     c = begin.ledger.counts()
     before = 0 if not begin.restored else cfg.learner.group_size * (c["consumed"] + c["queued"] + c["dropped"])
     last = {"t": clock(), "tokens": 0}
 
-    def enrich(step, m) -> None:
+    def measure(step, m) -> Generation:
         now = clock()
         pm = pipe.metrics()
         tokens = pm.pop("actors/tokens_received")
@@ -289,12 +299,13 @@ def _enrich(cfg, pipe: Pipeline, loop: LearnerLoop, actor_engine, clock, begin):
         m["actors/samples"] = before + pm.pop("actors/samples_received")
         m.update(pm)
         m["queue/depth"] = pipe.queue.qsize()  # groups waiting for the learner (sinks: Prometheus)
-        m.update({f"dropped/{reason}": n for reason, n in loop.dropped.items()})  # cumulative, by reason
         if getattr(actor_engine, "name", "") == "sglang":  # SGLang in this process (actor threads): cumulative counters
             m.update({f"sglang/{k}": v for k, v in dataclasses.asdict(actor_engine.stats).items()})
         last.update(t=now, tokens=tokens)
+        return Generation(wall_time=now, tokens_per_second=m["actors/tokens_per_second"],
+                          generate_seconds=m["actors/generate_seconds"], concurrency=m["actors/concurrency"])
 
-    return enrich
+    return measure
 
 
 def _snapshot(cfg, loop: LearnerLoop, pipe: Pipeline, begin, controller, clock, state, finished: bool) -> dict:
@@ -306,7 +317,7 @@ def _snapshot(cfg, loop: LearnerLoop, pipe: Pipeline, begin, controller, clock, 
         "step": state.step, "version": pipe.version, "samples": loop.samples, "wall_time": clock(),
         "finished": finished, "dropped": dict(loop.dropped), "batch_size": loop.batch_size,
         "concurrency": pipe.concurrency,
-        "controller": controller.state_dict() if hasattr(controller, "state_dict") else None,
+        "controller": controller.state_dict(),
         "summary": {k: v for k, v in begin.summary.items() if k != "last_eval"},
         "actors_seed": cfg.actors.seed, "config": to_dict(cfg),
     })

@@ -1,25 +1,45 @@
-"""The batch-size controller: measurements, decision rule, square-root rescaling (docs/controller.md)."""
+"""The batch-size controller: its interface, the measured controller and the fixed one (docs/controller.md)."""
 from cadence.learner.controller.config import ControllerConfig
 from cadence.learner.controller.controller import BatchSizeController
+from cadence.learner.controller.fixed import FixedBatchSize
+from cadence.learner.controller.interface import (
+    AdamHyperparams,
+    Controller,
+    Decision,
+    Generation,
+    GradientNorms,
+    Observation,
+)
 from cadence.learner.controller.scaling import rescale, scaled_learner, scaled_optimizer
 
 
-def make_controller(cfg: ControllerConfig, learner_cfg, actors_cfg):
-    """A learner.loop.Controller, or None when the controller is off (the default).
-
-    Off but with controller.base_batch_size set to another batch than learner.batch_size, a
-    controller that never changes B still applies the scaling rule's hyperparameters (after step 1).
-    """
-    engines = max(actors_cfg.processes or actors_cfg.num_actors, 1)  # generation engines in parallel
-    if not cfg.enabled:
-        if cfg.base_batch_size and cfg.base_batch_size != learner_cfg.batch_size:
-            import dataclasses
-            fixed = dataclasses.replace(cfg, min_batch_size=learner_cfg.batch_size,
-                                        max_batch_size=learner_cfg.batch_size, scale_concurrency=False,
-                                        min_ess=0.0, max_clip_frac=1.0)
-            return BatchSizeController(fixed, learner_cfg, engines, actors_cfg.max_staleness > 0)
-        return None
-    return BatchSizeController(cfg, learner_cfg, engines, actors_cfg.max_staleness > 0)
+def make_controller(cfg: ControllerConfig, learner_cfg, actors_cfg) -> Controller:
+    """The run's controller: BatchSizeController with controller.enabled, else one that holds
+    learner.batch_size: FixedBatchSize, or, when controller.base_batch_size names another batch
+    than learner.batch_size, `holding_controller` (it applies the scaling rule's Adam values once,
+    after step 1)."""
+    if cfg.enabled:
+        return BatchSizeController(cfg, learner_cfg, _engines(actors_cfg), actors_cfg.max_staleness > 0,
+                                   concurrency=actors_cfg.prompts_per_call)
+    if cfg.base_batch_size and cfg.base_batch_size != learner_cfg.batch_size:
+        return holding_controller(cfg, learner_cfg, actors_cfg)
+    return FixedBatchSize(learner_cfg.batch_size, actors_cfg.prompts_per_call)
 
 
-__all__ = ["BatchSizeController", "ControllerConfig", "make_controller", "rescale", "scaled_learner", "scaled_optimizer"]
+def holding_controller(cfg: ControllerConfig, learner_cfg, actors_cfg) -> BatchSizeController:
+    """A BatchSizeController that never changes B or the concurrency but measures (the noise scale
+    and throughput estimates land in metrics.jsonl); with cfg.base_batch_size set to another batch,
+    it applies the rule's Adam values after step 1. The experiments' fixed runs use it with
+    base_batch_size=0 (their config already holds the rescaled values)."""
+    return BatchSizeController.holding(cfg, learner_cfg, _engines(actors_cfg), actors_cfg.max_staleness > 0,
+                                       concurrency=actors_cfg.prompts_per_call)
+
+
+def _engines(actors_cfg) -> int:
+    """Generation engines in parallel: actor processes, else actor threads."""
+    return max(actors_cfg.processes or actors_cfg.num_actors, 1)
+
+
+__all__ = ["AdamHyperparams", "BatchSizeController", "Controller", "ControllerConfig", "Decision", "FixedBatchSize",
+           "Generation", "GradientNorms", "Observation", "holding_controller", "make_controller", "rescale",
+           "scaled_learner", "scaled_optimizer"]

@@ -1,18 +1,21 @@
 """The batch-size controller: measure after every update, decide every W updates, rescale Adam.
 
-    ctrl = BatchSizeController(cfg, learner_cfg, actors_cfg)
-    decision = ctrl.after_step(step, metrics)   # learner.loop calls this; None = nothing to do
+    ctrl = BatchSizeController(cfg.controller, cfg.learner, num_actors=2, concurrency=16)
+    decision = ctrl.update(observation)   # learner.loop calls this; None = nothing to do
+    record.update(ctrl.metrics())         # controller/noise_scale, ... (and at decisions action, scores)
 
-Per update it feeds the estimators (noise scale, learner and generation throughput) and the guard
-windows (ESS, clip fraction, staleness), and writes its current estimates into `metrics` under
-"controller/..." so they land in metrics.jsonl. Every `window` updates it decides: a hold (with its
-reason) or a change of B by k = 2 or 1/2 with the scaling rule's lr, betas and eps, computed from the
-reference point (base batch size, configured optimizer), and the actors' new concurrency.
-Every decision, kept or changed, is appended to `decisions` with its inputs.
+The interface it implements (Observation in, Decision out) and its use are in
+learner/controller/interface.py. Per update it feeds the estimators (noise scale, learner and
+generation throughput) and the guard windows (ESS, clip fraction, staleness) and keeps its current
+estimates for `metrics()`. Every `window` updates it decides: a hold (with its reason) or a change
+of B by k = 2 or 1/2 with the scaling rule's lr, betas and eps, computed from the reference point
+(base batch size, configured optimizer), and the actors' new concurrency. Every decision, kept or
+changed, is appended to `decisions` with its inputs.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 
 import numpy as np
@@ -20,10 +23,10 @@ import numpy as np
 from cadence.learner.config import LearnerConfig
 from cadence.learner.controller.config import ControllerConfig
 from cadence.learner.controller.decision import candidate_batch_sizes, choose_batch_size
+from cadence.learner.controller.interface import AdamHyperparams, Decision, Observation
 from cadence.learner.controller.noise import NoiseScaleEstimator
 from cadence.learner.controller.scaling import optimizer_hyper, rescale
 from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
-from cadence.learner.loop import Decision
 
 MAX_LOGGED = 1000  # decisions kept in the state dict
 
@@ -39,18 +42,21 @@ class BatchSizeController:
       asynchronous: actors run ahead of the learner (max_staleness > 0): X = min(X_gen, X_train);
         otherwise the two alternate: 1/X = 1/X_gen + 1/X_train.
       generation, learner: throughput models (defaults: fitted online); tests pass fixed curves.
+      noise: the noise-scale estimator (default: NoiseScaleEstimator(cfg.noise_ema)); tests pass fixed values.
+      concurrency: the actors' prompts per call at the start (actors.prompts_per_call).
     """
 
     def __init__(self, cfg: ControllerConfig, learner_cfg: LearnerConfig, num_actors: int = 1,
-                 asynchronous: bool = True, generation=None, learner=None):
+                 asynchronous: bool = True, generation=None, learner=None, concurrency: int | None = None,
+                 noise=None):
         self.cfg = cfg
         self.asynchronous = asynchronous
         self.multiple = math.lcm(learner_cfg.group_size, learner_cfg.microbatch_size)
         self.base_batch_size = cfg.base_batch_size or learner_cfg.batch_size
         self.base_hyper = optimizer_hyper(learner_cfg.optimizer)
-        self.batch_size = learner_cfg.batch_size
-        self.concurrency: int | None = None  # learnt from metrics["actors/concurrency"]
-        self.noise = NoiseScaleEstimator(cfg.noise_ema)
+        self.batch_size = learner_cfg.batch_size  # in force: the last update's, or the last decision's
+        self.concurrency: int | None = concurrency  # in force (the observations report it)
+        self.noise = noise or NoiseScaleEstimator(cfg.noise_ema)
         self.generation = generation or GenerationThroughput(num_actors, cfg.saturation_prior)
         self.learner = learner or LearnerThroughput()
         self.window: collections.deque = collections.deque(maxlen=cfg.window)
@@ -58,52 +64,73 @@ class BatchSizeController:
         self.prev: dict | None = None  # previous step's cumulative generation counters
         self.decisions: list[dict] = []
         self._needs_initial_scaling = self.base_batch_size != self.batch_size
+        self._metrics: dict = {}  # the last update's estimates (metrics())
 
-    # ---- the hook ----
+    @classmethod
+    def holding(cls, cfg: ControllerConfig, learner_cfg: LearnerConfig, num_actors: int = 1,
+                asynchronous: bool = True, concurrency: int | None = None) -> "BatchSizeController":
+        """The controller with B fixed at learner_cfg.batch_size (and the concurrency with it): it
+        still measures (noise scale, throughput: logged) and, when cfg.base_batch_size differs from
+        B, applies the scaling rule's Adam values once, after the first update."""
+        b = learner_cfg.batch_size
+        fixed = dataclasses.replace(cfg, min_batch_size=b, max_batch_size=b, scale_concurrency=False,
+                                    min_ess=0.0, max_clip_frac=1.0)
+        return cls(fixed, learner_cfg, num_actors, asynchronous, concurrency=concurrency)
 
-    def after_step(self, step: int, metrics: dict) -> Decision | None:
+    # ---- the interface (learner/controller/interface.py) ----
+
+    def course(self) -> Decision:
+        return Decision(batch_size=self.batch_size, concurrency=self.concurrency)
+
+    def update(self, obs: Observation) -> Decision | None:
         """Measure this update; every `window` updates return a Decision (a hold has only a reason)."""
-        self.observe(step, metrics)
+        self._metrics = {}
+        self.observe(obs)
         if self._needs_initial_scaling:  # start B differs from the tuned one: apply the rule once
             self._needs_initial_scaling = False
-            return Decision(hyperparams=self.hyperparams_for(self.batch_size),
+            return Decision(hyperparams=AdamHyperparams(**self.hyperparams_for(self.batch_size)),
                             reason=f"initial scaling: B {self.batch_size} vs base {self.base_batch_size}")
-        if step % self.cfg.window:
+        if obs.step % self.cfg.window:
             return None
-        return self.decide(step, metrics)
+        return self.decide(obs.step)
+
+    def metrics(self) -> dict:
+        return dict(self._metrics)
 
     # ---- measurements ----
 
-    def observe(self, step: int, m: dict) -> None:
-        """Feed the estimators with one update's metrics and write the estimates back into `m`."""
-        b = int(m.get("batch_size", self.batch_size))
+    def observe(self, obs: Observation) -> None:
+        """Feed the estimators with one update and keep the estimates for metrics()."""
+        b = obs.batch_size
         self.batch_size = b
-        if m.get("actors/concurrency") is not None:
-            self.concurrency = int(m["actors/concurrency"])
-        warm = step > self.cfg.warmup_steps
-        if warm and "microbatch_grad_norm_sq" in m:
-            self.noise.update_from_metrics(m, b)
-        if warm and m.get("learner/train_seconds"):
-            self.learner.observe(b, float(m["learner/train_seconds"]))
-        self._observe_generation(warm, m)
-        self.window.append({k: m.get(k) for k in ("ess", "clip_frac", "staleness/mean", "staleness/max",
-                                                   "learning_rate")})
-        m["controller/noise_scale"] = self.noise.noise_scale
-        m["controller/grad_sq"] = self.noise.grad_sq
-        m["controller/trace_sigma"] = self.noise.trace_sigma
+        if obs.generation is not None:
+            self.concurrency = obs.generation.concurrency
+        warm = obs.step > self.cfg.warmup_steps
+        if warm and obs.gradients is not None:
+            g = obs.gradients
+            self.noise.update_from_gradients(g.microbatch_grad_norm_sq, g.microbatch_tokens, obs.tokens,
+                                             g.grad_norm_sq, b)
+        if warm and obs.train_seconds:
+            self.learner.observe(b, float(obs.train_seconds))
+        self._observe_generation(warm, obs)
+        # keys as checkpoints hold them
+        self.window.append({"ess": obs.ess, "clip_frac": obs.clip_frac, "staleness/mean": obs.staleness_mean,
+                            "staleness/max": obs.staleness_max, "learning_rate": obs.learning_rate})
+        self._metrics.update({"controller/noise_scale": self.noise.noise_scale,
+                              "controller/grad_sq": self.noise.grad_sq,
+                              "controller/trace_sigma": self.noise.trace_sigma})
 
-    def _observe_generation(self, warm: bool, m: dict) -> None:
-        keys = ("wall_time", "actors/tokens_per_second", "actors/generate_seconds", "actors/concurrency")
-        if any(m.get(k) is None for k in keys):
+    def _observe_generation(self, warm: bool, obs: Observation) -> None:
+        gen = obs.generation
+        if gen is None:
             return
-        cur = {"wall_time": float(m["wall_time"]), "gen": float(m["actors/generate_seconds"]),
-               "c": int(m["actors/concurrency"])}
+        cur = {"wall_time": float(gen.wall_time), "gen": float(gen.generate_seconds), "c": int(gen.concurrency)}
         prev, self.prev = self.prev, cur
         if not warm or prev is None or prev["c"] != cur["c"]:  # a changed concurrency mixes two rates
             return
-        tokens = float(m["actors/tokens_per_second"]) * (cur["wall_time"] - prev["wall_time"])
+        tokens = float(gen.tokens_per_second) * (cur["wall_time"] - prev["wall_time"])
         busy = cur["gen"] - prev["gen"]  # summed over engines
-        tokens_per_sample = float(m.get("tokens", 0)) / max(m.get("batch_size", 0), 1)
+        tokens_per_sample = float(obs.tokens) / max(obs.batch_size, 1)
         if busy > 0 and tokens > 0 and tokens_per_sample > 0:
             self.generation.observe(cur["c"], tokens / tokens_per_sample / busy)
 
@@ -135,8 +162,9 @@ class BatchSizeController:
         c = round(self.concurrency * batch_size / self.batch_size)
         return int(min(max(c, 1), self.cfg.max_concurrency))
 
-    def decide(self, step: int, metrics: dict) -> Decision:
-        """Apply the decision rule now; logs and returns the Decision (a hold changes nothing)."""
+    def decide(self, step: int) -> Decision:
+        """Apply the decision rule now; logs and returns the Decision (a hold changes nothing) and
+        takes the new course as its own (the next observation reports it in force)."""
         b = self.batch_size
         ess, clip, stale = self._mean("ess"), self._mean("clip_frac"), self._mean("staleness/mean")
         bn = self.noise.noise_scale
@@ -148,8 +176,12 @@ class BatchSizeController:
                      new_batch_size=decision.batch_size or b, new_concurrency=decision.concurrency)
         self.decisions.append(entry)
         del self.decisions[:-MAX_LOGGED]
-        metrics["controller/action"] = entry["action"]
-        metrics["controller/scores"] = entry.get("scores")
+        self._metrics["controller/action"] = entry["action"]
+        self._metrics["controller/scores"] = entry.get("scores")
+        if decision.batch_size is not None:
+            self.batch_size = decision.batch_size
+        if decision.concurrency is not None:
+            self.concurrency = decision.concurrency
         return decision
 
     def _rule(self, step, b, bn, ess, clip, stale, entry) -> Decision:
@@ -190,7 +222,7 @@ class BatchSizeController:
         self.last_change = step
         entry["action"] = "grow" if best > b else "shrink"
         c_new = self.concurrency_for(best) if cfg.scale_concurrency else None
-        return Decision(batch_size=best, hyperparams=self.hyperparams_for(best), concurrency=c_new,
+        return Decision(batch_size=best, hyperparams=AdamHyperparams(**self.hyperparams_for(best)), concurrency=c_new,
                         reason=f"{entry['action']} B {b} -> {best}: predicted {gain:.1%} faster to target; "
                                f"B_noise {bn:.0f}, scaling {cfg.scaling}")
 
@@ -206,9 +238,12 @@ class BatchSizeController:
                 "decisions": list(self.decisions)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what state_dict returned."""
+        """Restore what state_dict returned. A state with only the course (batch_size and
+        concurrency: a checkpoint of a run with a fixed batch size) starts the estimators afresh there."""
         self.batch_size = int(state["batch_size"])
         self.concurrency = state["concurrency"]
+        if "noise" not in state:
+            return
         self.last_change = int(state["last_change"])
         self.prev = state["prev"]
         self._needs_initial_scaling = bool(state["needs_initial_scaling"])

@@ -16,16 +16,15 @@ import math
 import numpy as np
 
 
-def microbatch_mean_grad_sq(metrics: dict) -> list[float]:
-    """|grad|^2 of each microbatch's own mean gradient, from GRPOTrainStep.update metrics.
+def microbatch_mean_grad_sq(microbatch_grad_norm_sq, microbatch_tokens, tokens: float) -> list[float]:
+    """|grad|^2 of each microbatch's own mean gradient, from a train step's update metrics.
 
     The train step reports each microbatch's contribution to the batch gradient (normalized by
-    the batch's token count N); a microbatch with n_i tokens has mean gradient contribution * N / n_i.
+    the batch's token count N = `tokens`); a microbatch with n_i tokens has mean gradient
+    contribution * N / n_i.
     """
-    sq = metrics["microbatch_grad_norm_sq"]
-    n_i = metrics["microbatch_tokens"]
-    n = float(metrics["tokens"])
-    return [float(s) * (n / t) ** 2 for s, t in zip(sq, n_i) if t > 0]
+    n = float(tokens)
+    return [float(s) * (n / t) ** 2 for s, t in zip(microbatch_grad_norm_sq, microbatch_tokens) if t > 0]
 
 
 class NoiseScaleEstimator:
@@ -63,12 +62,14 @@ class NoiseScaleEstimator:
         self.count += 1
         return True
 
-    def update_from_metrics(self, metrics: dict, batch_size: int) -> bool:
-        """`update` from GRPOTrainStep.update metrics of a batch of `batch_size` samples."""
-        small = microbatch_mean_grad_sq(metrics)
+    def update_from_gradients(self, microbatch_grad_norm_sq, microbatch_tokens, tokens: float, grad_norm_sq: float,
+                              batch_size: int) -> bool:
+        """`update` from a train step's gradient norms (learner/controller/interface.py, GradientNorms)
+        of a batch of `batch_size` samples and `tokens` loss tokens."""
+        small = microbatch_mean_grad_sq(microbatch_grad_norm_sq, microbatch_tokens, tokens)
         if len(small) < 2:
             return False  # one microbatch: small == big, nothing to compare
-        return self.update(small, float(metrics["grad_norm_sq"]), batch_size / len(small), float(batch_size))
+        return self.update(small, float(grad_norm_sq), batch_size / len(small), float(batch_size))
 
     @property
     def grad_sq(self) -> float | None:

@@ -8,7 +8,8 @@ from cadence.learner.steps.grpo_step import GRPOTrainStep
 from cadence.learner.steps.scoring import llama_logits
 
 
-def make_train_step(graphdef, cfg: LearnerConfig, layout=None, *, completion_budget: int = 0):
+def make_train_step(graphdef, cfg: LearnerConfig, layout=None, *, completion_budget: int = 0,
+                    temperature: float = 1.0):
     """A train step object with init(params), update(state, microbatches, num_tokens),
     set_hyperparams(state, **kw), get_hyperparams(state) and cache_sizes().
 
@@ -18,11 +19,12 @@ def make_train_step(graphdef, cfg: LearnerConfig, layout=None, *, completion_bud
     learner.sharding.Layout for a device mesh (None: one device); cfg.remat and cfg.logits_chunk
     apply either way.
     completion_budget (engine.max_new_tokens) divides the seq_sum_norm aggregation unless
-    grpo.aggregation_constant is set.
+    grpo.aggregation_constant is set; temperature (engine.temperature) is the sampler's, which the
+    learner scores at.
     """
     if cfg.algorithm == "ppo":
-        return PPOTrainStep(graphdef, cfg, layout, completion_budget=completion_budget)
+        return PPOTrainStep(graphdef, cfg, layout, completion_budget=completion_budget, temperature=temperature)
     if cfg.algorithm == "grpo":
         return GRPOTrainStep(llama_logits(graphdef, cfg.remat), cfg, layout=layout,
-                             completion_budget=completion_budget)
+                             completion_budget=completion_budget, temperature=temperature)
     raise ValueError(f"algorithm: must be 'grpo' or 'ppo', got {cfg.algorithm!r}")

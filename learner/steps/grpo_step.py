@@ -70,6 +70,13 @@ def _sum_squares(tree) -> jax.Array:
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
 
 
+def check_temperature(temperature: float) -> float:
+    """The sampler's temperature as the learner divides logits by it; ValueError unless > 0."""
+    if not temperature > 0:
+        raise ValueError(f"temperature: must be > 0 (the sampler's, engine.temperature), got {temperature}")
+    return float(temperature)
+
+
 class GRPOTrainStep:
     """GRPO learner update over a list of microbatches (see the module docstring).
 
@@ -81,6 +88,8 @@ class GRPOTrainStep:
       cfg: LearnerConfig (optimizer, grpo and logits_chunk are read).
       completion_budget: the most tokens a completion may have (engine.max_new_tokens), the
         divisor of the seq_sum_norm aggregation (Dr.GRPO) unless grpo.aggregation_constant is set.
+      temperature: the sampler's temperature (engine.temperature, > 0): logits are divided by it,
+        so the learner scores the distribution the completions were drawn from.
       donate_state: donate params instead of the gradients to `apply` (the Adam moments are
         always donated). Only safe if nothing else holds the previous params, e.g. an in-process
         actor still sampling with the published weights; off by default for that reason.
@@ -88,15 +97,16 @@ class GRPOTrainStep:
     """
 
     def __init__(self, logits_fn: LogitsFn, cfg: LearnerConfig, *, completion_budget: int = 0,
-                 donate_state: bool = False, layout: sharding.Layout | None = None):
+                 temperature: float = 1.0, donate_state: bool = False, layout: sharding.Layout | None = None):
         self.cfg = cfg
         self.completion_budget = int(completion_budget)
+        self.temperature = check_temperature(temperature)
         # learner.microbatch_tokens > 0: microbatches come packed (segment ids in mask, [M, 6T] on device)
         self.packed = cfg.microbatch_tokens > 0
         self.optimizer = optim.make_optimizer(cfg.optimizer)
         self.layout = layout
         score = functools.partial(score_tokens, logits_fn, chunk=cfg.logits_chunk,
-                                  temperature=cfg.grpo.temperature)
+                                  temperature=self.temperature)
         self._score = score if layout is None else layout.activations(score)
         self._metric_keys: tuple[str, ...] | None = None
         # The new Adam moments reuse the old ones' buffers: nothing outside the step reads

@@ -37,7 +37,7 @@ from cadence.learner.algorithms.grpo import finalize_metrics, grpo_token_loss, t
 from cadence.learner.algorithms.logprobs import chunked_token_logprobs
 from cadence.learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from cadence.learner.config import LearnerConfig
-from cadence.learner.steps.grpo_step import _sum_squares, count_sequences, master_copy
+from cadence.learner.steps.grpo_step import _sum_squares, check_temperature, count_sequences, master_copy
 
 
 class PPOState(NamedTuple):
@@ -72,12 +72,15 @@ class PPOTrainStep:
       layout: a learner.sharding.Layout to run on a device mesh (None: one device).
       completion_budget: engine.max_new_tokens, the divisor of the seq_sum_norm aggregation
         unless grpo.aggregation_constant is set.
+      temperature: the sampler's temperature (engine.temperature); the policy's and the
+        reference's logits are divided by it.
     """
 
     def __init__(self, graphdef, cfg: LearnerConfig, layout: sharding.Layout | None = None, *,
-                 completion_budget: int = 0):
+                 completion_budget: int = 0, temperature: float = 1.0):
         self.cfg = cfg
         self.completion_budget = int(completion_budget)
+        self.temperature = check_temperature(temperature)
         self.graphdef = graphdef
         self.layout = layout
         self.optimizer = optim.make_optimizer(cfg.optimizer)
@@ -127,7 +130,7 @@ class PPOTrainStep:
         learner.logits_chunk positions at a time when set."""
         hidden, model = _hidden(self.graphdef, params, mb.tokens, mb.positions, mb.mask, self.cfg.remat)
         grpo = self.cfg.grpo
-        logprobs, entropy, _ = chunked_token_logprobs(hidden, model.logits, mb.tokens, grpo.temperature,
+        logprobs, entropy, _ = chunked_token_logprobs(hidden, model.logits, mb.tokens, self.temperature,
                                                       self.cfg.logits_chunk, entropy=grpo.entropy_coef > 0)
         if "trunk" in critic_params:
             hidden, _ = _hidden(self.graphdef, critic_params["trunk"], mb.tokens, mb.positions,
@@ -138,7 +141,7 @@ class PPOTrainStep:
         if ref_params is None:
             return jnp.zeros(mb.tokens.shape, jnp.float32)
         hidden, model = _hidden(self.graphdef, ref_params, mb.tokens, mb.positions, mb.mask)
-        return chunked_token_logprobs(hidden, model.logits, mb.tokens, self.cfg.grpo.temperature,
+        return chunked_token_logprobs(hidden, model.logits, mb.tokens, self.temperature,
                                       self.cfg.logits_chunk).logprobs
 
     def _prepare_impl(self, params, critic_params, ref_params, packed):

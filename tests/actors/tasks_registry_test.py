@@ -10,7 +10,7 @@ import pytest
 from cadence.actors.tasks.base import Completion, Score
 from cadence.actors.tasks.config import TaskConfig
 from cadence.actors.tasks.registry import make_task
-from cadence.launch.config import load_config
+from cadence.launch.config import load_config, preflight
 from cadence.launch.config_loader import ConfigError
 
 PLUGIN = '''
@@ -104,7 +104,7 @@ def test_config_takes_args_as_overrides_files_and_round_trips(plugin_dir, tmp_pa
 
 def test_config_errors_name_the_key(plugin_dir):
     with pytest.raises(ConfigError, match=r"^task\.args\.char: the echo task needs"):
-        load_config(overrides=["task.name=echo_task:make"])
+        preflight(load_config(overrides=["task.name=echo_task:make"]))  # the factory runs where a run starts
     with pytest.raises(ConfigError, match=r"^task\.args: expected a mapping"):
         load_config(overrides=["task.name=echo_task:make", "task.args=3"])
     with pytest.raises(ConfigError, match=r"^task\.args: the built-in task 'sort'"):

@@ -18,7 +18,8 @@ from cadence.actors.engine import JaxEngine
 from cadence.launch.config import load_config
 from cadence.launch.metrics import read_metrics
 from cadence.launch.run.train import train
-from cadence.learner.loop import Decision, PipelineStopped
+from cadence.learner.controller import AdamHyperparams, Decision, FixedBatchSize
+from cadence.learner.loop import PipelineStopped
 from tests.slow_learner import SlowLearner
 
 FAST = ["learner.sft.steps=5", "task.heldout_size=16", "run.progress=false", "run.eval_every=0",
@@ -35,19 +36,19 @@ def test_ppo_reference_is_the_warmed_up_policy(tmp_path):
     assert first["step"] == 1 and abs(first["kl_ref_start"]) < 1e-6, first["kl_ref_start"]
 
 
-class MovesOnce:
+class MovesOnce(FixedBatchSize):
     """At step 3, doubles B with the square-root rule and doubles the actors' concurrency."""
 
     def __init__(self):
-        self.done = False
+        super().__init__(batch_size=32, concurrency=2)  # FAST's learner.batch_size, actors.prompts_per_call
 
-    def after_step(self, step, metrics):
-        if step == 3 and not self.done:
-            self.done = True
+    def update(self, obs):
+        if obs.step == 3:
             k = 2
+            self.batch_size, self.concurrency = 64, 4
             return Decision(batch_size=64, concurrency=4, reason="test: grow B",
-                            hyperparams={"learning_rate": 1e-3 * k ** 0.5, "b1": 0.9 ** k, "b2": 0.999 ** k,
-                                         "eps": 1e-8 / k ** 0.5})
+                            hyperparams=AdamHyperparams(learning_rate=1e-3 * k ** 0.5, b1=0.9 ** k, b2=0.999 ** k,
+                                                        eps=1e-8 / k ** 0.5))
         return None
 
 

@@ -1,11 +1,12 @@
 """Config tree: strict keys, types and ranges; YAML files and dotted overrides; exit code 2."""
+import re
 import subprocess
 import sys
 
 import pytest
 
 from cadence.launch.cli import main
-from cadence.launch.config import Config, load_config
+from cadence.launch.config import Config, load_config, preflight
 from cadence.launch.config_loader import ConfigError, all_keys, parse_override
 
 
@@ -49,8 +50,6 @@ def test_scientific_notation_and_lists():
     ("learner.optimizer.lr=-1", "learner.optimizer.lr"),        # out of range
     ("learner.batch_size=100", "learner.batch_size"),           # not a multiple of microbatch
     ("model.n_kv_heads=3", "model.n_kv_heads"),                 # cross-field, inside a section
-    ("engine.max_new_tokens=4", "engine.max_new_tokens"),       # cross-section: answers are 7 tokens
-    ("learner.grpo.temperature=0.5", "learner.grpo.temperature"),  # must match the sampler
     ("task.num_digits=0", "task.num_digits"),
     ("learner.mesh.fsdp=0", "learner.mesh.fsdp"),                # mesh axis sizes: >= 1 or -1
     ("learner.mesh.rules=[embed=model]", "learner.mesh.rules"),  # no such mesh axis
@@ -62,6 +61,50 @@ def test_scientific_notation_and_lists():
 def test_bad_input_names_the_key(override, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         load_config(overrides=[override])
+
+
+@pytest.mark.parametrize("override, named", [
+    ("engine.max_new_tokens=4", "engine.max_new_tokens: 4 is shorter than the task's answers"),  # answers: 7 tokens
+    ("model.max_seq_len=8", "model.max_seq_len: 8 < prompt + completion"),
+    ("model.vocab_size=8", "model.vocab_size: 8 < the tokenizer's"),
+    ("task.name=tests.no_such_module:make", "task.name: cannot import task module"),
+])
+def test_checks_that_build_the_task_run_where_the_run_starts(override, named, tmp_path, capsys):
+    # Loading (and printing) a config builds no task and loads no tokenizer; preflight does, and
+    # `cadence train` runs it first: the same message, exit code 2.
+    cfg = load_config(overrides=[override])
+    with pytest.raises(ConfigError, match="^" + re.escape(named)):
+        preflight(cfg)
+    assert main(["train", override, f"run.dir={tmp_path / 'run'}"]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+def test_loading_a_config_builds_no_task(monkeypatch):
+    from cadence.actors.tasks import registry
+
+    def refuse(*a, **k):
+        raise AssertionError("load_config built the task")
+
+    monkeypatch.setattr(registry, "make_task", refuse)
+    load_config(overrides=["task.name=add_reversed", "task.num_digits=3"])
+
+
+def test_temperature_is_one_key_and_the_old_one_is_read_as_it(tmp_path):
+    # engine.temperature: the sampler draws at it and the learner scores at it.
+    assert load_config(overrides=["engine.temperature=0.7"]).engine.temperature == 0.7
+    with pytest.warns(FutureWarning, match=r"learner\.grpo\.temperature is deprecated: set engine\.temperature"):
+        cfg = load_config(overrides=["learner.grpo.temperature=0.7"])
+    assert cfg.engine.temperature == 0.7 and not hasattr(cfg.learner.grpo, "temperature")
+    old = tmp_path / "config.yaml"  # a run directory's config from before: both keys, equal
+    old.write_text("engine:\n  temperature: 0.6\nlearner:\n  grpo:\n    temperature: 0.6\n    clip_low: 0.1\n")
+    with pytest.warns(FutureWarning):
+        cfg = load_config([str(old)])
+    assert (cfg.engine.temperature, cfg.learner.grpo.clip_low) == (0.6, 0.1)
+    old.write_text("engine:\n  temperature: 0.6\nlearner:\n  grpo:\n    temperature: 0.9\n")
+    with pytest.raises(ConfigError, match=r"^learner\.grpo\.temperature: replaced by engine\.temperature .* "
+                                          r"to 0\.9 and 0\.6: keep engine\.temperature only"):
+        load_config([str(old)])
 
 
 def test_minibatches_with_the_controller_names_the_key():

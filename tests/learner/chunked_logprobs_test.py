@@ -118,7 +118,7 @@ def _model(tie: bool):
 
 
 def _grpo_cfg(chunk, **grpo):
-    grpo = {"temperature": 0.8, "correction": "coupled", **grpo}
+    grpo = {"correction": "coupled", **grpo}
     return LearnerConfig(batch_size=16, microbatch_size=4, group_size=4, logits_chunk=chunk,
                          optimizer=OptimizerConfig(lr=1e-2), grpo=dataclasses.replace(GRPOConfig(), **grpo))
 
@@ -141,8 +141,8 @@ def test_split_logits_call_is_forward():
     (True, 3, 0.05), (False, 4, 0.05), (False, 3, 0.0)])
 def test_grpo_loss_and_gradients_match_unchunked(tie, chunk, entropy_coef):
     graphdef, params = _model(tie)
-    whole = GRPOTrainStep(llama_logits(graphdef), _grpo_cfg(0, entropy_coef=entropy_coef))
-    chunked = GRPOTrainStep(llama_logits(graphdef), _grpo_cfg(chunk, entropy_coef=entropy_coef))
+    whole = GRPOTrainStep(llama_logits(graphdef), _grpo_cfg(0, entropy_coef=entropy_coef), temperature=0.8)
+    chunked = GRPOTrainStep(llama_logits(graphdef), _grpo_cfg(chunk, entropy_coef=entropy_coef), temperature=0.8)
     (full,), stats = build_microbatches(make_groups(2, seed=3), T, 8, PAD, whole.cfg.grpo)
     n = jnp.float32(stats["num_tokens"])
     (l0, m0), g0 = jax.jit(jax.value_and_grad(whole.loss_fn, has_aux=True))(params, full, n)
@@ -163,7 +163,7 @@ def test_microbatched_train_step_gives_the_same_params():
     groups = make_groups(4, seed=4)
     out = {}
     for chunk in (0, 3):
-        step = make_train_step(graphdef, _grpo_cfg(chunk, entropy_coef=0.01))
+        step = make_train_step(graphdef, _grpo_cfg(chunk, entropy_coef=0.01), temperature=0.8)
         mbs, stats = build_microbatches(groups, T, 4, PAD, step.cfg.grpo)
         assert len(mbs) == 4
         state = step.init(params)
@@ -182,7 +182,7 @@ def test_ppo_step_matches_unchunked():
     for chunk in (0, 3):
         cfg = dataclasses.replace(_grpo_cfg(chunk, entropy_coef=0.02), algorithm="ppo",
                                   ppo=dataclasses.replace(PPOConfig(), kl_coef=0.1, kl_placement="loss"))
-        step = make_train_step(graphdef, cfg)
+        step = make_train_step(graphdef, cfg, temperature=0.8)
         mbs, stats = build_microbatches(groups, T, 8, PAD, cfg.grpo)
         state = step.init(params)
         for _ in range(2):

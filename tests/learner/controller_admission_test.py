@@ -10,7 +10,7 @@ import pytest
 from cadence.launch.config import load_config
 from cadence.launch.metrics import read_metrics
 from cadence.launch.run.train import train
-from cadence.learner.loop import Decision
+from cadence.learner.controller import Decision, FixedBatchSize
 from tests.slow_learner import SlowLearner
 
 FAST = ["learner.sft.steps=5", "task.heldout_size=16", "run.progress=false", "run.eval_every=0",
@@ -19,16 +19,18 @@ FAST = ["learner.sft.steps=5", "task.heldout_size=16", "run.progress=false", "ru
 SCHEDULE = {2: 64, 4: 16, 6: 48, 8: 32}  # after step s, B becomes SCHEDULE[s]
 
 
-class Scripted:
+class Scripted(FixedBatchSize):
     """Changes B on a fixed schedule (the real controller's decisions come from measurements)."""
 
     def __init__(self):
+        super().__init__(batch_size=32, concurrency=2)
         self.seen = []
 
-    def after_step(self, step, metrics):
-        self.seen.append((step, metrics["batch_size"]))
-        if step in SCHEDULE:
-            return Decision(batch_size=SCHEDULE[step], reason=f"scripted B -> {SCHEDULE[step]}")
+    def update(self, obs):
+        self.seen.append((obs.step, obs.batch_size))
+        if obs.step in SCHEDULE:
+            self.batch_size = SCHEDULE[obs.step]
+            return Decision(batch_size=SCHEDULE[obs.step], reason=f"scripted B -> {SCHEDULE[obs.step]}")
         return None
 
 
@@ -44,6 +46,7 @@ def test_batch_size_changes_never_break_the_staleness_bound(eta, tmp_path):
         want.append(b)
         b = SCHEDULE.get(s, b)
     assert [m["batch_size"] for m in steps] == want  # the loop followed every change
+    assert ctrl.seen == [(s, b) for s, b in zip(range(1, 11), want)]  # and the controller saw it, typed
     for m in steps:
         assert m["staleness/max"] <= eta, m
         assert sum(m["staleness/hist"]) == m["batch_size"] // 8

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from cadence.learner.config import LearnerConfig
-from cadence.learner.controller import BatchSizeController, ControllerConfig
+from cadence.learner.controller import BatchSizeController, ControllerConfig, Generation, GradientNorms, Observation
 from cadence.learner.controller.decision import candidate_batch_sizes, choose_batch_size, time_to_target_score
 from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
 
@@ -39,25 +39,22 @@ class Noise:
     def noise_scale(self):
         return self.value() if callable(self.value) else self.value
 
-    def update_from_metrics(self, *a):
+    def update_from_gradients(self, *a):
         return True
 
 
 def make(noise, gen, learn, **cfg):
     c = ControllerConfig(**{"enabled": True, "window": 5, "dwell": 10, "min_batch_size": 16,
                             "max_batch_size": 1024, "hysteresis": 0.1, **cfg})
-    ctrl = BatchSizeController(c, LEARNER, generation=Curve(gen), learner=Curve(learn))
-    ctrl.noise = Noise(noise)
-    return ctrl
+    return BatchSizeController(c, LEARNER, generation=Curve(gen), learner=Curve(learn), noise=Noise(noise))
 
 
 def drive(ctrl, steps, ess=0.9, clip=0.05, stale=0.5):
     """Feed `steps` updates the way learner.loop does; returns B per step and the decisions."""
     b, c, sizes, changes = 128, 16, [], []
     for step in range(1, steps + 1):
-        m = {"batch_size": b, "ess": ess, "clip_frac": clip, "staleness/mean": stale,
-             "actors/concurrency": c, "learning_rate": 1e-3}
-        d = ctrl.after_step(step, m)
+        d = ctrl.update(Observation(step=step, batch_size=b, ess=ess, clip_frac=clip, staleness_mean=stale,
+                                    learning_rate=1e-3, generation=Generation(step * 1.0, 0.0, 0.0, c)))
         if d is not None and d.batch_size is not None:
             changes.append((step, b, d.batch_size))
             b = d.batch_size
@@ -188,17 +185,17 @@ def test_state_dict_round_trip_continues_identically():
 
     a = BatchSizeController(ControllerConfig(enabled=True, window=2, dwell=0, warmup_steps=0), LEARNER)
     rng = np.random.default_rng(1)
-    def metrics(step):
-        return {"batch_size": 128, "microbatch_grad_norm_sq": list(rng.uniform(1, 2, 8) / 64),
-                "microbatch_tokens": [10.0] * 8, "tokens": 80, "grad_norm_sq": 0.2, "ess": 0.9,
-                "clip_frac": 0.0, "learner/train_seconds": 0.3 + 0.01 * step, "actors/concurrency": 16,
-                "wall_time": step * 1.0, "actors/tokens_per_second": 500.0,
-                "actors/generate_seconds": step * 0.8}
+    def observation(step):
+        grads = GradientNorms(0.2, tuple(rng.uniform(1, 2, 8) / 64), (10.0,) * 8)
+        return Observation(step=step, batch_size=128, gradients=grads, tokens=80, ess=0.9, clip_frac=0.0,
+                           train_seconds=0.3 + 0.01 * step,
+                           generation=Generation(wall_time=step * 1.0, tokens_per_second=500.0,
+                                                 generate_seconds=step * 0.8, concurrency=16))
     for s in range(1, 6):
-        a.after_step(s, metrics(s))
+        a.update(observation(s))
     b = BatchSizeController(ControllerConfig(enabled=True, window=2, dwell=0, warmup_steps=0), LEARNER)
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))  # JSON-safe, as a checkpoint holds it
     assert b.state_dict() == json.loads(json.dumps(a.state_dict()))
-    m = metrics(6)
-    da, db = a.after_step(6, dict(m)), b.after_step(6, dict(m))
-    assert da == db and a.noise.noise_scale == b.noise.noise_scale
+    obs = observation(6)
+    da, db = a.update(obs), b.update(obs)
+    assert da == db and a.noise.noise_scale == b.noise.noise_scale and a.metrics() == b.metrics()

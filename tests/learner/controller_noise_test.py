@@ -50,11 +50,9 @@ def test_unusable_inputs_are_refused():
 
 def test_train_step_metrics_are_converted_to_microbatch_mean_gradients():
     # the train step reports contributions normalized by the batch's 100 tokens
-    m = {"microbatch_grad_norm_sq": [0.25, 0.09], "microbatch_tokens": [50.0, 25.0], "tokens": 100}
-    assert microbatch_mean_grad_sq(m) == pytest.approx([0.25 * 4, 0.09 * 16])
+    assert microbatch_mean_grad_sq([0.25, 0.09], [50.0, 25.0], 100) == pytest.approx([0.25 * 4, 0.09 * 16])
     est = NoiseScaleEstimator(decay=0.0)
-    m.update(grad_norm_sq=0.5)
-    assert est.update_from_metrics(m, batch_size=64)
+    assert est.update_from_gradients([0.25, 0.09], [50.0, 25.0], 100, 0.5, batch_size=64)
     s = np.mean([1.0, 1.44])
     assert est.grad_sq == pytest.approx((64 * 0.5 - 32 * s) / 32)
 

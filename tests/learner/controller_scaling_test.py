@@ -10,8 +10,9 @@ import pytest
 
 from cadence.learner.batching import build_microbatches
 from cadence.learner.config import LearnerConfig, OptimizerConfig, PPOConfig
-from cadence.learner.controller import BatchSizeController, ControllerConfig, rescale, scaled_learner, scaled_optimizer
-from cadence.learner.loop import LearnerLoop, LoopSettings
+from cadence.learner.controller import (BatchSizeController, ControllerConfig, Generation, rescale, scaled_learner,
+                                       scaled_optimizer)
+from cadence.learner.loop import LearnerLoop, LoopSettings, observation
 from cadence.learner.steps.grpo_step import GRPOTrainStep
 from cadence.protocols.admission import AdmissionGate
 from cadence.protocols.testing import rollout_group
@@ -89,7 +90,7 @@ def test_controller_change_applied_through_the_loop_keeps_moments_and_compiles_n
               "head": jnp.asarray(rng.normal(size=(D, V)), jnp.float32)}
     state = ts.init(params)
     gate = AdmissionGate(8, 1)
-    loop = LearnerLoop(ts, None, gate, None, LoopSettings(8, 4, 4, T, PAD, cfg.grpo))
+    loop = LearnerLoop(ts, None, gate, None, LoopSettings(4, 4, T, PAD, cfg.grpo))
     ccfg = ControllerConfig(enabled=True, window=2, dwell=0, min_batch_size=4, max_batch_size=64,
                             warmup_steps=5, min_ess=0.0, max_clip_frac=1.0)  # estimators fed by hand
     ctrl = BatchSizeController(ccfg, cfg, generation=GrowCurve())
@@ -101,8 +102,8 @@ def test_controller_change_applied_through_the_loop_keeps_moments_and_compiles_n
     for step in (1, 2):
         mbs, stats = build_microbatches(groups(loop.batch_size // 4, step), T, 4, PAD, cfg.grpo)
         state, m = ts.update(state, mbs, stats["num_tokens"])
-        m.update(batch_size=loop.batch_size, **{"actors/concurrency": 2})
-        decision = ctrl.after_step(step, m)
+        m.update(batch_size=loop.batch_size)
+        decision = ctrl.update(observation(step, m, Generation(step * 1.0, 0.0, 0.0, concurrency=2)))
     assert decision is not None and decision.batch_size == 16, decision
     assert decision.concurrency == 4  # actors follow B
     sizes = ts.cache_sizes()
@@ -130,12 +131,13 @@ def test_controller_change_applied_through_the_loop_keeps_moments_and_compiles_n
 
 def test_fixed_batch_with_another_base_applies_the_rule_once():
     from cadence.launch.config import load_config
-    from cadence.learner.controller import make_controller
+    from cadence.learner.controller import FixedBatchSize, Observation, make_controller
 
     cfg = load_config(overrides=["learner.batch_size=64", "controller.base_batch_size=16"])
     ctrl = make_controller(cfg.controller, cfg.learner, cfg.actors)
-    d = ctrl.after_step(1, {"batch_size": 64})
-    assert d.batch_size is None and d.hyperparams == pytest.approx(
+    d = ctrl.update(Observation(step=1, batch_size=64))
+    assert d.batch_size is None and d.hyperparams.as_kwargs() == pytest.approx(
         rescale({"learning_rate": cfg.learner.optimizer.lr, "b1": cfg.learner.optimizer.b1,
                  "b2": cfg.learner.optimizer.b2, "eps": cfg.learner.optimizer.eps}, 4.0, "sqrt"))
-    assert make_controller(dataclasses.replace(cfg.controller, base_batch_size=0), cfg.learner, cfg.actors) is None
+    fixed = make_controller(dataclasses.replace(cfg.controller, base_batch_size=0), cfg.learner, cfg.actors)
+    assert isinstance(fixed, FixedBatchSize) and fixed.update(Observation(step=1, batch_size=64)) is None

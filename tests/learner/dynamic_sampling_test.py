@@ -41,9 +41,8 @@ def _send(loop, transport, g, index):
 def _loop(batch_size, filt, queue=1000):
     gate = AdmissionGate(batch_size, max_staleness=100)
     transport = InProcessTransport(maxsize=queue)
-    settings = LoopSettings(batch_size, G, G, 8, 0, GRPOConfig())
-    loop = LearnerLoop(None, transport, gate, None, settings)
-    loop.group_filter = filt
+    settings = LoopSettings(G, G, 8, 0, GRPOConfig())
+    loop = LearnerLoop(None, transport, gate, None, settings, group_filter=filt)
     return loop, transport, gate
 
 
@@ -101,8 +100,7 @@ def test_dropping_frees_admission_so_actors_keep_drawing():
     filt = DynamicSamplingFilter()
     gate = AdmissionGate(batch_size, max_staleness=0)
     transport = InProcessTransport(maxsize=100)
-    loop = LearnerLoop(None, transport, gate, None, LoopSettings(batch_size, G, G, 8, 0, GRPOConfig()))
-    loop.group_filter = filt
+    loop = LearnerLoop(None, transport, gate, None, LoopSettings(G, G, 8, 0, GRPOConfig()), group_filter=filt)
     stop = threading.Event()
     source = iter(_random_groups(1000, seed=5, p_constant=0.7))
     admitted = []

@@ -190,10 +190,10 @@ def test_sampler_equal_to_learner_shows_no_mismatch(correction):
     # learner scores the same token in the same column at the same temperature, there is no
     # mismatch at all (this fails if the layout or the temperature is off by anything).
     params = init_params(3)
-    cfg = _cfg(correction=correction, temperature=0.7)
+    cfg = _cfg(correction=correction)
     groups = make_groups(2, seed=4, params=params, temperature=0.7)
     mbs, stats = build_microbatches(groups, T, 4, PAD, cfg.grpo)
-    step = GRPOTrainStep(logits_fn, cfg)
+    step = GRPOTrainStep(logits_fn, cfg, temperature=0.7)  # the sampler's
     _, metrics = step.update(step.init(params), mbs, stats["num_tokens"])
     assert metrics["logprob_diff_abs"] < 1e-5 and abs(metrics["mismatch_kl"]) < 1e-6
     np.testing.assert_allclose(metrics["ess"], 1.0, atol=1e-5)
@@ -202,10 +202,14 @@ def test_sampler_equal_to_learner_shows_no_mismatch(correction):
     if correction != "decoupled":
         return
     # Scoring at the wrong temperature is visible as a mismatch.
-    wrong = _cfg(correction=correction, temperature=1.0)
-    wrong_step = GRPOTrainStep(logits_fn, wrong)
+    wrong_step = GRPOTrainStep(logits_fn, cfg, temperature=1.0)
     _, m_wrong = wrong_step.update(wrong_step.init(params), mbs, stats["num_tokens"])
     assert m_wrong["logprob_diff_abs"] > 1e-2 and m_wrong["ess"] < 1.0
+
+
+def test_temperature_must_be_positive():
+    with pytest.raises(ValueError, match=r"^temperature: must be > 0 \(the sampler's, engine.temperature\)"):
+        GRPOTrainStep(logits_fn, _cfg(), temperature=0.0)
 
 
 def test_updates_make_the_rewarded_completion_more_likely():
@@ -232,7 +236,6 @@ def test_updates_make_the_rewarded_completion_more_likely():
     (dict(batch_size=96, microbatch_size=32, group_size=5), "^batch_size: must be a multiple of group_size"),
     (dict(microbatch_size=0), "^microbatch_size:"),
     (dict(grpo=GRPOConfig(clip_low=1.0)), "^grpo.clip_low:"),
-    (dict(grpo=GRPOConfig(temperature=0.0)), "^grpo.temperature:"),
     (dict(optimizer=OptimizerConfig(lr=-1.0)), "^optimizer.lr:"),
     (dict(sft=SFTConfig(batch_size=0)), "^sft.batch_size:"),
     (dict(minibatches=5), r"^minibatches: must be in \[1, batch_size / microbatch_size = 4\]"),

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from cadence.launch.config import load_config
+from cadence.launch.config import load_config, preflight
 from cadence.launch.config_loader import ConfigError
 from cadence.learner.models.policy import build_policy, export_policy
 from cadence.learner.models import hf_load
@@ -45,21 +45,21 @@ def test_jsonl_task_validates_against_the_checkpoint(ckpt):
     sample = "actors/tasks/data/math_sample.jsonl"
     base = [f"model.path={ckpt}", "task.name=jsonl", f"task.path={sample}", "task.heldout_size=2"]
     with pytest.raises(ConfigError, match="engine.max_new_tokens.*longest answer"):
-        load_config(overrides=base)
+        preflight(load_config(overrides=base))
     cfg = load_config(overrides=[*base, "engine.max_new_tokens=80"])
-    assert cfg.task.name == "jsonl"
+    assert cfg.task.name == "jsonl" and preflight(cfg).task.name == "jsonl"
     with pytest.raises(ConfigError, match="max_position_embeddings \\(256\\)"):
-        load_config(overrides=[*base, "engine.max_new_tokens=200"])
+        preflight(load_config(overrides=[*base, "engine.max_new_tokens=200"]))
 
 
 def test_config_errors_name_the_problem(ckpt, tmp_path):
     with pytest.raises(ConfigError, match="task.name: the jsonl task needs a checkpoint tokenizer"):
         load_config(overrides=["task.name=jsonl", "task.path=x.jsonl"])
     with pytest.raises(ConfigError, match="model.path: .*config.json"):
-        load_config(overrides=[f"model.path={tmp_path}"])
+        preflight(load_config(overrides=[f"model.path={tmp_path}"]))
     with pytest.raises(ConfigError, match="task.path: "):
-        load_config(overrides=[f"model.path={ckpt}", "task.name=jsonl", f"task.path={tmp_path}/none.jsonl",
-                               "task.heldout_size=2"])
+        preflight(load_config(overrides=[f"model.path={ckpt}", "task.name=jsonl",
+                                         f"task.path={tmp_path}/none.jsonl", "task.heldout_size=2"]))
 
 
 def test_pretrained_checkpoint_gets_pretrained_defaults_with_a_note(ckpt, tmp_path, capsys):

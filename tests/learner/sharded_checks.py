@@ -215,11 +215,11 @@ def check_chunked_logprobs_same_result():
 
     graphdef, params = llama.init_params(MODEL, 0)
     layout = layout_for(MeshConfig(fsdp=2, tensor=2), params)
-    grpo = GRPOConfig(entropy_coef=0.01, temperature=0.7)
+    grpo = GRPOConfig(entropy_coef=0.01)
     mbs, stats = build_microbatches(groups(2, seed=0), T, MB, PAD, grpo)
     out = {}
     for chunk, lay in ((0, None), (5, layout)):
-        step = make_train_step(graphdef, learner_cfg("grpo", grpo=grpo, logits_chunk=chunk), lay)
+        step = make_train_step(graphdef, learner_cfg("grpo", grpo=grpo, logits_chunk=chunk), lay, temperature=0.7)
         p = params if lay is None else lay.place(params)
         grads, per_mb = step.accumulate_gradients(p, mbs, stats["num_tokens"])
         out[chunk] = grads, per_mb

@@ -71,8 +71,7 @@ class Run:
     def __init__(self, ctx, run_dir):
         self.ctx = ctx
         self.stream, self.ledger = PromptStream(TASK), SampleLedger()
-        self.gate = AdmissionGate(10_000, 1)
-        self.gate.steps_taken = VERSION  # 5 steps done: grants allow versions 4..5
+        self.gate = AdmissionGate(10_000, 1, steps_taken=VERSION)  # 5 steps done: grants allow versions 4..5
         self.queue = InProcessTransport()
         settings = DispatchSettings(group_size=G, heartbeat_seconds=0.1, heartbeat_timeout_seconds=2.0,
                                     max_completion_tokens=BUDGET, vocab_size=VOCAB)

@@ -17,7 +17,7 @@ from cadence.protocols.errors import (
     ProtocolError,
     SchemaVersionMismatch,
 )
-from cadence.protocols.messages import Control, EngineTimings, RolloutGroup, WeightsPublished
+from cadence.protocols.messages import Control, EngineTimings, Grant, RolloutGroup, WeightsPublished
 from cadence.protocols.ragged import Ragged
 
 
@@ -41,7 +41,7 @@ EXAMPLES = [
     make_group(exact_match=[True, False]),
     WeightsPublished(version=4, step=40, location="/ckpt/step_40", published_at=1.7e9),
     Control(),
-    Control(batch_size=256, concurrency=32, max_staleness=2, stop=True),
+    Control(concurrency=32, stop=True, reason="finished"),
 ]
 
 
@@ -291,3 +291,36 @@ def test_inconsistent_packed_field_is_rejected_at_decode(field, value, expected)
     with pytest.raises(InvalidMessage) as info:
         decode(envelope(group_body(**{field: value})))
     assert expected in str(info.value)
+
+
+class _ControlBefore(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="control"):
+    """Control as peers before this version had it (batch_size and max_staleness, never used)."""
+
+    batch_size: int | None = None
+    concurrency: int | None = None
+    max_staleness: int | None = None
+    stop: bool = False
+    reason: str = ""
+
+
+class _GrantBefore(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="grant"):
+    grant_id: str
+    prompt_indices: list[int]
+    prompt_ids: list[str]
+    version: int
+    min_version: int
+
+
+def test_messages_of_the_previous_shape_still_decode_both_ways():
+    # Control lost two optional fields and Grant gained one, without a schema bump: an older
+    # peer's messages decode here, and ours decode there.
+    old = _ControlBefore(batch_size=256, concurrency=32, max_staleness=2, stop=True, reason="finished")
+    assert decode(envelope(msgspec.to_builtins(old))) == Control(concurrency=32, stop=True, reason="finished")
+    ours = msgspec.msgpack.decode(encode(Control(concurrency=8)))
+    assert msgspec.convert(ours[2], _ControlBefore) == _ControlBefore(concurrency=8)
+    old_grant = _GrantBefore(grant_id="5e55i0n-4", prompt_indices=[1], prompt_ids=["t/train/1"], version=3,
+                             min_version=2)
+    assert decode(envelope(msgspec.to_builtins(old_grant))).session == "5e55i0n"
+    ours = msgspec.msgpack.decode(encode(Grant(grant_id="s-1", prompt_indices=[1], prompt_ids=["t/train/1"],
+                                               version=3, min_version=2, session="s")))
+    assert msgspec.convert(ours[2], _GrantBefore).grant_id == "s-1"

@@ -113,7 +113,7 @@ def burst_the_learner_does_not_read(ctx, monkeypatch):
     monkeypatch.setattr(dispatch_client, "client_socket",
                         functools.partial(dispatch_client.client_socket, hwm=10))
     learner = Learner(ctx, heartbeat_seconds=30.0, heartbeat_timeout_seconds=120.0)
-    learner.gate.batch_size = 10_000  # room to admit the whole burst
+    learner.gate.set_batch_size(10_000)  # room to admit the whole burst
     c = DispatcherClient(learner.server.endpoint, "burst", 4000, ctx=ctx, heartbeat_seconds=30.0,
                          learner_timeout_seconds=120.0).start()
     assert c.wait_welcome(5) is not None

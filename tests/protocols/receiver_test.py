@@ -15,7 +15,7 @@ JOIN_SECONDS = 10.0
 
 GOOD = [
     WeightsPublished(version=1, step=10, location="inproc", published_at=1.0),
-    Control(batch_size=64),
+    Control(concurrency=64),
 ]
 TRUNCATED = encode(GOOD[0])[:-2]
 WRONG_VERSION = msgspec.msgpack.encode(["cadence", 99, {"type": "control"}])

@@ -1,0 +1,117 @@
+"""The controller's interface: a typed observation in after every update, a typed decision out.
+
+The controller is the one owner of the batch size B (samples per update), Adam's hyperparameters
+and the actors' concurrency (prompts per engine call). The learner loop, the admission gate and the
+dispatcher hold what it decided and apply it; nobody else sets them.
+
+    controller = make_controller(cfg.controller, cfg.learner, cfg.actors)  # or FixedBatchSize(64, 16)
+    start = controller.course()              # a Decision with batch_size and concurrency set
+    gate = AdmissionGate(start.batch_size, max_staleness)
+    loop = LearnerLoop(train_step, transport, gate, weights, settings, controller=controller)
+
+    # after each update (LearnerLoop.run does this):
+    decision = controller.update(Observation(step=7, batch_size=64, train_seconds=0.41, tokens=2310,
+                                             ess=0.93, clip_frac=0.02, staleness_mean=0.6,
+                                             generation=Generation(wall_time=35.2, tokens_per_second=5400.0,
+                                                                   generate_seconds=61.0, concurrency=16)))
+    record.update(controller.metrics())      # its estimates, e.g. controller/noise_scale, for metrics.jsonl
+    if decision is not None:                 # B to the loop and gate, Adam through inject_hyperparams,
+        state = loop.apply(state, decision)  # concurrency to the dispatcher; nothing recompiles
+
+    checkpoint_meta["controller"] = controller.state_dict()   # a resume: controller.load_state_dict(...)
+
+Implementations: BatchSizeController (learner/controller/controller.py: measures, decides by
+the rule in docs/controller.md, rescales Adam by the square-root rule; `BatchSizeController.holding`
+is the same with B fixed, for runs that only measure) and FixedBatchSize (learner/controller/fixed.py:
+the course it was given, always). tests/learner/controller_interface_test.py runs one body over each.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamHyperparams:
+    """Adam's values to use from the next update on (set through optax.inject_hyperparams)."""
+
+    learning_rate: float
+    b1: float
+    b2: float
+    eps: float
+
+    def as_kwargs(self) -> dict[str, float]:
+        """{"learning_rate", "b1", "b2", "eps"}: the train step's set_hyperparams(**kwargs)."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What the controller asks for after an update (None: leave as is), and why."""
+
+    batch_size: int | None = None  # samples per update from the next update on
+    hyperparams: AdamHyperparams | None = None
+    concurrency: int | None = None  # prompts per engine call for the actors
+    reason: str = ""  # logged as controller/decision
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """The generation side at the end of an update, as the dispatcher counts it."""
+
+    wall_time: float  # the run's clock (seconds)
+    tokens_per_second: float  # completion tokens received per second since the previous update
+    generate_seconds: float  # engine time summed over actors since the run started (cumulative)
+    concurrency: int  # the actors' prompts per engine call in force now
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientNorms:
+    """Squared gradient norms of one update, as the train step reports them (noise-scale input)."""
+
+    grad_norm_sq: float  # |g|^2 of the accumulated batch gradient, before clipping
+    # each microbatch's contribution to g (normalized by the batch's loss tokens), squared
+    microbatch_grad_norm_sq: tuple[float, ...]
+    microbatch_tokens: tuple[float, ...]  # loss tokens of each microbatch
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """One update, as the controller sees it. Optional fields are None when not measured."""
+
+    step: int  # the policy version this update produced (1, 2, ...)
+    batch_size: int  # samples the update trained on
+    train_seconds: float | None = None  # host time of the update (microbatches built, step run)
+    tokens: float = 0.0  # loss (completion) tokens of the batch
+    gradients: GradientNorms | None = None
+    ess: float | None = None  # effective sample size fraction of the importance weights
+    clip_frac: float | None = None  # fraction of tokens whose ratio was clipped
+    staleness_mean: float | None = None  # mean policy versions between sampling and this update
+    staleness_max: int | None = None
+    learning_rate: float | None = None  # the one this update used
+    generation: Generation | None = None
+
+
+class Controller(Protocol):
+    """Owns B, Adam's hyperparameters and the actors' concurrency (see the module docstring)."""
+
+    def course(self) -> Decision:
+        """The batch size and concurrency in force now (both set; hyperparams None: the optimizer
+        state holds them): where a run starts, or resumes after load_state_dict."""
+        ...
+
+    def update(self, observation: Observation) -> Decision | None:
+        """Measure one update; a Decision to change course (or a logged hold), else None."""
+        ...
+
+    def metrics(self) -> dict[str, Any]:
+        """Its estimates from the last update for the run's metrics ("controller/..." keys)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue as if nothing happened (JSON-serializable)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict returned."""
+        ...
