@@ -116,6 +116,7 @@ class LearnerGroup:
         for h in self.hosts:
             try:
                 ray.get(h.stop.remote(2.0), timeout=10)
+                ray.get(h.close.remote(), timeout=10)
             except _LOST:
                 pass
             ray.kill(h, no_restart=True)
