@@ -129,8 +129,7 @@ class SlurmJob:
         while True:
             self.learner = self._start_learner()
             self.state = "running"
-            outcome = self._watch()
-            self._stop_actors()
+            outcome = self._watch()  # the actors stay: they rejoin a restarted learner at its address
             if outcome in ("finished", "stopped"):
                 self.state = outcome
                 return 0
