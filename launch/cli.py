@@ -239,6 +239,7 @@ def cmd_launch(args) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
+        impl.check_config(cfg)
     except ConfigError as e:
         return _fail(f"config error: {e}", EXIT_CONFIG)
     run_dir = os.path.abspath(cfg.run.dir or artifacts.default_run_dir(cfg))

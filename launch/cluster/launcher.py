@@ -65,6 +65,10 @@ class Launcher(abc.ABC):
         """The launcher for `cadence launch KIND`'s parsed flags (those of add_arguments)."""
         return cls(cfg, run_dir)
 
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Raise ConfigError naming a key this launcher cannot honour (before anything is placed)."""
+
     @abc.abstractmethod
     def __init__(self, cfg, run_dir: str, message: Callable[[str], None] | None = None):
         """cfg: the run's validated Config; run_dir: absolute, seen by every node."""

@@ -62,3 +62,11 @@ def test_learner_killed_then_the_job_requeued_the_run_goes_on_from_its_checkpoin
     assert summary["samples"] == 8 * summary["ledger"]["consumed"]  # the ledger verified at the end of train()
     assert len(summary["resumed_from"]) == 2  # after the learner's kill, and in the requeued job
     assert summary["steps"] >= s2 + 3
+
+
+def test_rays_placement_resources_are_a_config_error_under_slurm(tmp_path, capsys):
+    from cadence.launch.cli import main
+
+    assert main(["launch", "slurm", "launch.actor_resources=[worker_node=1]", f"run.dir={tmp_path}/run"]) == 2
+    assert "launch.actor_resources" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "run")  # nothing written, nothing submitted

@@ -16,6 +16,7 @@ RUN_DIR/logs/NAME.log; the status to RUN_DIR/launch/status.json (launch_state.py
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -28,7 +29,6 @@ import time
 from cadence.launch.artifacts import ENDPOINT_FILE
 from cadence.launch.cluster import launch_state
 from cadence.launch.cluster.slurm import steps as slurm
-from cadence.learner import multihost
 
 EXIT_CONFIG, EXIT_FINISHED = 2, 3
 POLL_S = 0.5
@@ -78,6 +78,8 @@ class SlurmJob:
         return subprocess.Popen([*cmd, *argv], stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _start_learner(self) -> _Step:
+        from cadence.learner import multihost  # not at import: `cadence --help` lists this launcher without NumPy
+
         size = self.cfg.learner.processes
         host = socket.gethostname()
         address = slurm.node_address(host) if self.job_id else "127.0.0.1"
@@ -176,8 +178,6 @@ class SlurmJob:
             time.sleep(POLL_S)
 
     def _endpoint(self, g: _Step) -> str:
-        import json
-
         path = os.path.join(self.run_dir, ENDPOINT_FILE)
         if not os.path.isfile(path) or os.path.getmtime(path) < g.started - 1.0:
             return ""  # none yet, or an earlier learner's
@@ -205,7 +205,7 @@ class SlurmJob:
                 self._start_actor(name)
 
     def _signal(self, name: str, signal_name: str) -> bool:
-        step = self._steps.get(name) or self._query_steps().get(name)
+        step = self._query_steps().get(name)  # now: a restarted learner is a new step
         if not step:
             return False
         try:

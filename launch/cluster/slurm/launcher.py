@@ -33,7 +33,6 @@ from cadence.launch.cluster import launch_state
 from cadence.launch.cluster.launcher import Launcher, LauncherUnavailable
 from cadence.launch.cluster.slurm import steps as slurm
 from cadence.launch.cluster.slurm.job import config_path
-from cadence.launch.config_loader import to_dict
 
 JOB_FILE = "slurm_job.json"
 FOLLOW_S = 2.0
@@ -77,6 +76,15 @@ class SlurmLauncher(Launcher):
         parser.add_argument("--detach", action="store_true", help="submit and return (follow with --status)")
 
     @classmethod
+    def check_config(cls, cfg) -> None:
+        from cadence.launch.config_loader import ConfigError
+
+        for key in ("learner_resources", "actor_resources"):
+            if getattr(cfg.launch, key):
+                raise ConfigError(f"launch.{key}: Ray's custom resources mean nothing to SLURM; ask sbatch "
+                                  "for what the job needs, e.g. --sbatch=--gres=gpu:8 or --sbatch=--constraint=NAME")
+
+    @classmethod
     def from_args(cls, cfg, run_dir, args) -> "SlurmLauncher":
         return cls(cfg, run_dir, sbatch_args=args.sbatch, detach=args.detach)
 
@@ -90,6 +98,8 @@ class SlurmLauncher(Launcher):
         os.makedirs(d, exist_ok=True)
         os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
         launch_state.clear_stop(self.run_dir)
+        from cadence.launch.config_loader import to_dict
+
         with open(config_path(self.run_dir), "w") as f:
             yaml.safe_dump(to_dict(self.cfg), f, sort_keys=False)
         if self.cfg.launch.curve:
