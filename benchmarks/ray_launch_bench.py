@@ -29,7 +29,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from cadence.launch.cluster.ray.status import last_metrics  # noqa: E402
+from cadence.launch.cluster.launch_state import last_metrics  # noqa: E402
 from cadence.launch.cluster.ray.local_cluster import HEAD_RESOURCE, WORKER_RESOURCE, LocalCluster, enter_private_network  # noqa: E402
 from time_to_target import TARGET, run_once  # noqa: E402
 

@@ -11,7 +11,8 @@
     cadence status RUN_DIR [--watch] [--json]           is the run healthy? (one screen)
     cadence report RUN_DIR [RUN_DIR ...] [--out FILE]   one self-contained HTML file of plots
     cadence launch ray [--address ADDR] [--config FILE ...] [key=value ...]   the run on a Ray cluster
-    cadence launch ray --status RUN_DIR | --stop RUN_DIR                      its processes; a clean stop
+    cadence launch slurm [--sbatch ARG ...] [--config FILE ...] [key=value ...]  the run as a SLURM job
+    cadence launch KIND --status RUN_DIR | --stop RUN_DIR                     its processes; a clean stop
 
 Exit status: 0 done (also after SIGTERM/SIGINT with a final checkpoint), 1 runtime failure,
 2 bad config (the message names the key), 3 nothing to do (the run already finished).
@@ -85,15 +86,20 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="an HTML report with plots comparing runs (no network needed to view)")
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", default=None, help="output file (default RUN_DIR/report.html, or ./report.html for several)")
-    lr = sub.add_parser("launch", help="run on a cluster: `cadence launch ray` (pip install 'cadence-rl[ray]')")
-    lr.add_argument("backend", choices=["ray"])
-    lr.add_argument("--address", default=None, help="Ray cluster address HOST:PORT (default: $RAY_ADDRESS, "
-                    "else a local cluster is started)")
-    lr.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML config file (repeatable)")
-    lr.add_argument("--status", metavar="RUN_DIR", help="print the launched run's processes, nodes, restarts, "
-                    "step and samples")
-    lr.add_argument("--stop", metavar="RUN_DIR", help="stop the launched run cleanly (final checkpoint)")
-    lr.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
+    lr = sub.add_parser("launch", help="run on a cluster: `cadence launch ray` (pip install 'cadence-rl[ray]') "
+                        "or `cadence launch slurm`")
+    kinds = lr.add_subparsers(dest="kind", required=True, metavar="KIND")
+    from cadence.launch.cluster import launcher
+
+    for kind in launcher.kinds():
+        impl = launcher.get(kind)  # a launcher module imports its cluster library only when it runs
+        k = kinds.add_parser(kind, help=impl.help)
+        impl.add_arguments(k)
+        k.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML config file (repeatable)")
+        k.add_argument("--status", metavar="RUN_DIR", help="print the launched run's processes, nodes, restarts, "
+                       "step and samples")
+        k.add_argument("--stop", metavar="RUN_DIR", help="stop the launched run cleanly (final checkpoint)")
+        k.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, as for train")
     return p
 
 
@@ -202,14 +208,15 @@ def cmd_experiment(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    from cadence.launch.cluster.ray import status as ray_status
+    from cadence.launch.cluster import launcher
 
+    impl = launcher.get(args.kind)
     if args.status or args.stop:
         try:
             if args.status:
-                print(json.dumps(ray_status.read_status(args.status), indent=1))
+                print(json.dumps(impl.status(args.status), indent=1))
             else:
-                print(json.dumps({"stop_requested": ray_status.request_stop(args.stop)}))
+                print(json.dumps({"stop_requested": impl.stop(args.stop)}))
         except FileNotFoundError as e:
             return _fail(str(e), 1)
         return 0
@@ -219,14 +226,14 @@ def cmd_launch(args) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
+        impl.check_config(cfg)
     except ConfigError as e:
         return _fail(f"config error: {e}", EXIT_CONFIG)
-    try:
-        from cadence.launch.cluster.ray.launcher import RayLaunch
-    except ImportError as e:
-        return _fail(f"Ray is not installed ({e}); pip install 'cadence-rl[ray]'", 1)
     run_dir = os.path.abspath(cfg.run.dir or artifacts.default_run_dir(cfg))
-    return RayLaunch(cfg, run_dir, address=args.address or os.environ.get("RAY_ADDRESS")).run()
+    try:
+        return impl.from_args(cfg, run_dir, args).run()
+    except launcher.LauncherUnavailable as e:
+        return _fail(str(e), 1)
 
 
 def cmd_keys(args) -> int:

@@ -1,6 +1,6 @@
-"""Helpers of the tests against a real two-node Ray cluster (ray_launch_test.py, ray_sglang_test.py):
-start `cadence launch ray` on it, wait on and read the launch's status, finish it. The fixtures
-that start the cluster are in conftest.py."""
+"""Helpers of the tests against a real cluster (ray_launch_test.py, ray_sglang_test.py,
+launcher_contract_test.py): start `cadence launch KIND` on it, wait on and read the launch's
+status, finish it. The fixtures that start the clusters are in conftest.py."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from cadence.launch.cluster.ray import status as ray_status
+from cadence.launch.cluster import launch_state
 from cadence.launch.cluster.ray.local_cluster import HEAD_RESOURCE, WORKER_RESOURCE
 from tests import waiting
 
@@ -22,20 +22,25 @@ SHORT = ["learner.sft.steps=5", "task.heldout_size=32", "run.progress=false", "r
 DRIVERS: list[subprocess.Popen] = []
 
 
-def launch(cluster, run_dir, *overrides) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+def start_launch(kind, args, run_dir, *overrides, env=None) -> subprocess.Popen:
+    """`cadence launch KIND ARGS run.dir=RUN_DIR OVERRIDES`, its stderr in RUN_DIR/../driver.log."""
+    env = dict(env or os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     log = open(os.path.join(os.path.dirname(run_dir), "driver.log"), "w")
-    proc = subprocess.Popen([sys.executable, "-m", "cadence.launch.cli", "launch", "ray", "--address", cluster.address,
+    proc = subprocess.Popen([sys.executable, "-m", "cadence.launch.cli", "launch", kind, *args,
                              f"run.dir={run_dir}", *overrides], stdout=subprocess.PIPE, stderr=log, text=True,
                             env=env, cwd=ROOT)
     DRIVERS.append(proc)
     return proc
 
 
-def stop_launch(run_dir) -> None:
-    """`cadence launch ray --stop RUN_DIR`, as a user stops a run."""
-    subprocess.run([sys.executable, "-m", "cadence.launch.cli", "launch", "ray", "--stop", run_dir], check=True, cwd=ROOT,
-                   env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True)
+def launch(cluster, run_dir, *overrides) -> subprocess.Popen:
+    return start_launch("ray", ["--address", cluster.address], run_dir, *overrides)
+
+
+def stop_launch(run_dir, kind="ray", env=None) -> None:
+    """`cadence launch KIND --stop RUN_DIR`, as a user stops a run."""
+    subprocess.run([sys.executable, "-m", "cadence.launch.cli", "launch", kind, "--stop", run_dir], check=True,
+                   cwd=ROOT, env=dict(env or os.environ, PYTHONPATH=ROOT), capture_output=True)
 
 
 def finish(proc, run_dir, timeout) -> dict:
@@ -54,7 +59,7 @@ def _logs(run_dir) -> str:
 
 def status(run_dir) -> dict:
     try:
-        return ray_status.read_status(run_dir)
+        return launch_state.read_status(run_dir)
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
 

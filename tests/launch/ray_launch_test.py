@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cadence.launch.cluster.ray import status as ray_status
+from cadence.launch.cluster import launch_state
 from cadence.launch.cluster.ray.local_cluster import HEAD_RESOURCE, WORKER_RESOURCE, listening_sockets
 from tests.launch.ray_cluster import (PLACE, SHORT, _logs, finish, launch, node_ids, status, stop_launch,
                                        wait_for)
@@ -49,7 +49,7 @@ def test_sort6_to_target_learner_on_head_actors_on_worker(cluster_up, run_dir):
         secret = [line.split('"')[1] for line in open(os.path.join(keys, name)) if "secret-key" in line][0]
         assert secret not in text
     assert oct(os.stat(keys).st_mode & 0o777) == "0o700"
-    assert ray_status.read_status(run_dir)["state"] == "finished"
+    assert launch_state.read_status(run_dir)["state"] == "finished"
 
 
 def test_kill_actor_kill_learner_lose_worker_node_ledger_clean(cluster_up, run_dir):
@@ -90,7 +90,7 @@ def test_kill_actor_kill_learner_lose_worker_node_ledger_clean(cluster_up, run_d
 
     stop_launch(run_dir)
     summary = finish(proc, run_dir, timeout=600)
-    assert summary["preempted"] and ray_status.read_status(run_dir)["state"] == "stopped"
+    assert summary["preempted"] and launch_state.read_status(run_dir)["state"] == "stopped"
     assert summary["steps"] >= s2 + 3
     assert summary["samples"] == 8 * summary["ledger"]["consumed"]  # the ledger verified at the end of train()
     assert len(summary["resumed_from"]) == 1 and summary["launch"]["learner_restarts"] == 1

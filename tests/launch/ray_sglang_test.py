@@ -10,7 +10,7 @@ import time
 import pytest
 
 from cadence.actors.sglang.testing import SKIP_REASON, sglang_python
-from cadence.launch.cluster.ray import status as ray_status
+from cadence.launch.cluster import launch_state
 from cadence.launch.metrics import read_metrics
 from cadence.launch.cluster.ray.local_cluster import WORKER_RESOURCE
 from tests.e2e.sglang_processes_test import living, servers_of
@@ -68,7 +68,7 @@ def test_sglang_server_beside_its_actor_on_the_worker_node_and_back_after_kill9(
 
     stop_launch(run_dir)
     summary = finish(proc, run_dir, timeout=900)
-    assert summary["preempted"] and ray_status.read_status(run_dir)["state"] == "stopped"
+    assert summary["preempted"] and launch_state.read_status(run_dir)["state"] == "stopped"
     assert summary["samples"] == G * summary["ledger"]["consumed"]  # the ledger verified at the end of train()
     rows = read_metrics(run_dir)
     assert rows[-1]["actors/groups/sglang"] >= summary["ledger"]["consumed"] and "actors/groups/jax" not in rows[-1]

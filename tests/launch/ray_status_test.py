@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from cadence.launch.cluster.ray import status as ray_status
+from cadence.launch.cluster import launch_state
 from cadence.launch.cli import main
 from cadence.launch.config import load_config
 from cadence.launch.config_loader import ConfigError
@@ -35,10 +35,10 @@ def test_status_and_stop(tmp_path, capsys):
     assert main(["launch", "ray", "--status", run]) == 1  # not a launched run: says so, exit 1
     assert "not started by `cadence launch ray`" in capsys.readouterr().err
     assert main(["launch", "ray", "--stop", run]) == 1
-    assert not ray_status.stop_requested(run)
+    assert not launch_state.stop_requested(run)
 
-    os.makedirs(ray_status.launch_dir(run))
-    ray_status.write_status(run, {"state": "running", "updated_at": 0.0, "learner": {"processes": 2}})
+    os.makedirs(launch_state.launch_dir(run))
+    launch_state.write_status(run, {"state": "running", "updated_at": 0.0, "learner": {"processes": 2}})
     with open(os.path.join(run, "metrics.jsonl"), "w") as f:
         f.write(json.dumps({"step": 7, "samples": 896, "eval/exact_match": 0.25}) + "\n")
         f.write('{"step": 8, "samp')  # a line being written is skipped
@@ -47,7 +47,7 @@ def test_status_and_stop(tmp_path, capsys):
     assert (st["state"], st["step"], st["samples"], st["heldout_exact_match"]) == ("running", 7, 896, 0.25)
     assert st["learner"]["processes"] == 2
     assert main(["launch", "ray", "--stop", run]) == 0
-    assert ray_status.stop_requested(run)
+    assert launch_state.stop_requested(run)
 
 
 def test_bad_config_exits_2_before_any_cluster(tmp_path, capsys):

@@ -87,7 +87,8 @@ class ActorFleet:
             name = f"actor-{i}"
             try:
                 ray.get(h.stop.remote(10.0), timeout=20)
-                self.logs.gather(name, h, self.infos.get(name, {}).get("host_pid"))
+                self.logs.gather(name, h, self.infos.get(name, {}).get("host_pid"))  # its last words
+                ray.get(h.close.remote(), timeout=10)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 pass
             ray.kill(h, no_restart=True)

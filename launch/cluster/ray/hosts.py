@@ -136,5 +136,14 @@ class ProcessHost:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)  # the keys go with it
+        for entry in os.listdir(self.dir):  # the keys go with it; the output stays for the driver to gather
+            path = os.path.join(self.dir, entry)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif path != self.log_path:
+                os.remove(path)
         return self.proc.returncode
+
+    def close(self) -> None:
+        """Everything this host wrote on its node goes (after the driver gathered the output)."""
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,10 +1,9 @@
 """A Ray cluster of two nodes on this machine, on loopback inside a private network namespace.
 
 For tests and benchmarks: Ray binds the machine's address and listens on all interfaces, so
-nothing here may run in the machine's own network namespace. `enter_private_network()` moves
-the calling process (and every process it starts afterwards) into a new namespace with only
-`lo`; a head node and a worker node then start on 127.0.0.1, each in its own process group and
-temp dir, the worker with the custom resource `worker_node` (tasks that ask for it land there).
+nothing here may run in the machine's own network namespace: call `enter_private_network()`
+(launch/cluster/private_network.py) first. A head node and a worker node then start on
+127.0.0.1, each in its own process group and temp dir, the worker with the custom resource `worker_node` (tasks that ask for it land there).
 
     enter_private_network()                       # root (or CAP_SYS_ADMIN) needed
     with LocalCluster(cpus=2) as cluster:
@@ -16,7 +15,6 @@ No Ray import: the nodes are `ray start --block` processes of this Python's envi
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -28,27 +26,9 @@ import tempfile
 import time
 
 from cadence._root import IMPORT_ROOT
+from cadence.launch.cluster.private_network import enter_private_network, listening_sockets  # noqa: F401 (tests)
 
-CLONE_NEWNET = 0x40000000
 HEAD_RESOURCE, WORKER_RESOURCE = "head_node", "worker_node"
-
-
-def enter_private_network() -> None:
-    """This process's network namespace becomes a new one with only loopback (idempotent)."""
-    if os.environ.get("CADENCE_PRIVATE_NETNS") == str(os.getpid()):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise PermissionError(f"unshare(CLONE_NEWNET) failed: {os.strerror(err)} (Ray tests need root: they "
-                              "run Ray inside a private network namespace so it listens on loopback only)")
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    os.environ["CADENCE_PRIVATE_NETNS"] = str(os.getpid())
-
-
-def listening_sockets() -> list[str]:
-    """`ss -tlnp` of the current namespace: what listens, on which address (for checks)."""
-    return subprocess.run(["ss", "-tlnp"], capture_output=True, text=True).stdout.splitlines()[1:]
 
 
 def _free_port() -> int:
