@@ -133,6 +133,12 @@ def cmd_train(args) -> int:
     if cfg.learner.processes > 1 and "CADENCE_PROCESS_ID" not in os.environ:  # [sharded learner]
         from cadence.launch import artifacts
         from cadence.launch.cluster.learner_group import run_local_group
+        from cadence.launch.config import preflight
+
+        try:
+            preflight(cfg)  # once here, so a bad task or model exits 2 before N processes start
+        except ConfigError as e:
+            return _fail(f"config error: {e}", EXIT_CONFIG)
 
         train_args = [a for f in args.config for a in ("--config", f)] + ["--resume"] * args.resume
         run_dir = os.path.abspath(cfg.run.dir or artifacts.default_run_dir(cfg))
@@ -221,12 +227,13 @@ def cmd_launch(args) -> int:
             return _fail(str(e), 1)
         return 0
     from cadence.launch import artifacts
-    from cadence.launch.config import load_config
+    from cadence.launch.config import load_config, preflight
     from cadence.launch.config_loader import ConfigError
 
     try:
         cfg = load_config(args.config, args.overrides)
         impl.check_config(cfg)
+        preflight(cfg)  # the checks that build the task and load the tokenizer: exit 2 here, not on a node
     except ConfigError as e:
         return _fail(f"config error: {e}", EXIT_CONFIG)
     run_dir = os.path.abspath(cfg.run.dir or artifacts.default_run_dir(cfg))

@@ -78,11 +78,13 @@ _STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
-    """`cadence launch ray`: where Ray places the learner and actor processes, and what it restarts.
+    """`cadence launch KIND`: what the launcher reserves for the learner and actor processes, and
+    what it restarts.
 
-    Per process, a placement-group bundle of `*_cpus` CPUs, `*_gpus` GPUs and the custom
-    resources `*_resources` ("name=amount", e.g. "learner_host=1"); `learner.processes` learner
-    processes (one jax.distributed group) and `actors.processes` actor processes.
+    Per process `*_cpus` CPUs and `*_gpus` GPUs (Ray: a placement-group bundle, with the custom
+    resources `*_resources`, "name=amount", e.g. "learner_host=1"; SLURM: each srun step's
+    share); `learner.processes` learner processes (one jax.distributed group) and
+    `actors.processes` actor processes. A launcher refuses the keys it cannot honour (exit 2).
     """
 
     learner_cpus: float = 1.0  # CPUs reserved per learner process
@@ -146,7 +148,7 @@ class Config:
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)  # training side
     controller: ControllerConfig = dataclasses.field(default_factory=ControllerConfig)  # batch-size control
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)  # save and resume
-    launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)  # `cadence launch ray` placement and restarts
+    launch: LaunchConfig = dataclasses.field(default_factory=LaunchConfig)  # `cadence launch KIND` placement and restarts
 
     def validate(self) -> None:
         """Checks spanning sections (each section validated itself already). Pure: what needs the
