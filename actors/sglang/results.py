@@ -1,26 +1,18 @@
-"""What the SGLang engine returns, counts and raises (shared by its modules)."""
+"""What the SGLang engine returns, counts and raises (shared by its modules).
+
+GenerationResult and GenerationAborted are the Engine interface's (actors/engine_api.py)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
-import numpy as np
+from cadence.actors.engine_api import GenerationAborted, GenerationResult
 
-
-class SGLangResult(NamedTuple):
-    """GenerationResult's fields (same order and meaning) plus the version of each row."""
-
-    tokens: np.ndarray  # [N, M] int32, pad_id after the end
-    logprobs: np.ndarray  # [N, M] float32 behavior logprobs (the server's), 0 after the end
-    lengths: np.ndarray  # [N] int32, including the stop token
-    seconds: float
-    num_tokens: int
-    kept_logmass: np.ndarray | None  # [N, M] zeros when top_p == 1 (no truncation); None otherwise (not reported)
-    policy_versions: np.ndarray  # [N] int64: the weights version the row's server held
+__all__ = ["EngineStats", "GenerationAborted", "SGLangError", "SGLangResult"]
 
 
-class GenerationAborted(RuntimeError):
-    """abort() was called while this generate() call was running."""
+# What SGLangEngine.generate returns: the Engine's result, policy_versions always set (the weights
+# version each row's server held when its request was sent).
+SGLangResult = GenerationResult
 
 
 class SGLangError(RuntimeError):
