@@ -1,18 +1,32 @@
 """What the SGLang engine returns, counts and raises (shared by its modules).
 
-GenerationResult and GenerationAborted are the Engine interface's (actors/engine_api.py)."""
+GenerationResult and GenerationAborted are the Engine interface's (actors/engine_api.py). The
+errors live here, not beside the HTTP client, so the weight-sync methods (and the config validation
+that asks them) import no aiohttp."""
 from __future__ import annotations
 
 import dataclasses
 
 from cadence.actors.engine_api import GenerationAborted, GenerationResult
 
-__all__ = ["EngineStats", "GenerationAborted", "SGLangError", "SGLangResult"]
+__all__ = ["EngineStats", "GenerationAborted", "SGLangError", "SGLangResult", "ServerHTTPError", "ServerUnavailable"]
 
 
 # What SGLangEngine.generate returns: the Engine's result, policy_versions always set (the weights
 # version each row's server held when its request was sent).
 SGLangResult = GenerationResult
+
+
+class ServerUnavailable(ConnectionError):
+    """No answer from a server: refused, reset, or past the timeout (client.py raises it)."""
+
+
+class ServerHTTPError(RuntimeError):
+    """A server answered with an HTTP error status (client.py raises it)."""
+
+    def __init__(self, url: str, status: int, text: str):
+        super().__init__(f"{url}: HTTP {status}: {text[:300]}")
+        self.status = status
 
 
 class SGLangError(RuntimeError):

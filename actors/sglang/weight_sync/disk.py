@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cadence.actors.sglang.client import ServerHTTPError, ServerUnavailable
+from cadence.actors.sglang.results import ServerHTTPError, ServerUnavailable
 from cadence.actors.sglang.weight_sync.base import CheckpointSync
 
 if TYPE_CHECKING:

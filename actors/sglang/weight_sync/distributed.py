@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from cadence.actors.config import SGLangConfig, is_loopback
 from cadence.actors.sglang.alignment import MalformedResponse
-from cadence.actors.sglang.client import ServerHTTPError, ServerUnavailable
-from cadence.actors.sglang.results import SGLangError
+from cadence.actors.sglang.results import ServerHTTPError, ServerUnavailable, SGLangError
 from cadence.actors.sglang.weight_broadcast import GroupConfigError, broadcast_update, form_group
 from cadence.actors.sglang.weight_sync.base import WeightSync
 
