@@ -3,7 +3,7 @@
     client = DispatcherClient(endpoint, "actor-0", capacity, ctx=ctx).start()
     actor = Actor("actor-0", engine, task, client, weights, group_size=8, prompts_per_call=16, seed=0)
     actor.run(stop_event)
-    # each round: client.request -> weights.ensure(grant.version) -> [engine.sync_weights]
+    # each round: client.request -> weights.ensure(grant.version) -> engine.sync_weights
     #             -> generate_rollouts (engine.generate, or multi-turn episodes: actors/episodes.py)
     #             -> score_rollouts (the task's reward, inline / worker pool / HTTP: actors/rewards/)
     #             -> client.send_groups
@@ -13,12 +13,13 @@ and in actor processes on any host (over `tcp://`, weights fetched as bytes): th
 (protocols/dispatch.py) decides what to generate and when, so an actor holds no prompt state and a
 dead one costs only the prompts it held, which the dispatcher re-issues.
 
-Every group carries the policy version whose weights produced it and the grant it answers. An
-engine that serves weights of its own (SGLang) has a ``sync_weights(params, version, min_version=)``
-hook, called before each generation, and reports per-row ``policy_versions``: the group carries the
-oldest. An actor process warms such an engine up (its servers start on the newest weights before it
-asks for work), and its servers' versions are forgotten when the learner restarts (the resumed run
-may be older than what they serve).
+Every group carries the policy version whose weights produced it and the grant it answers. The
+engine is an Engine (actors/engine_api.py): its ``sync_weights(params, version, min_version=)`` is
+called before each generation (a no-op for the built-in engine, which samples from the params it is
+given); one that holds weights of its own (SGLang) reports per-row ``policy_versions``, and the group
+carries the oldest. An actor process warms such an engine up (its servers start on the newest
+weights before it asks for work), and its servers' versions are forgotten when the learner restarts
+(the resumed run may be older than what they serve).
 """
 from __future__ import annotations
 
@@ -29,11 +30,13 @@ from typing import Any
 
 import jax
 
+from cadence.actors.engine_api import Engine, GenerationAborted
 from cadence.actors.env_runner import EnvRunner
 from cadence.actors.episodes import build_groups, generate_rollouts
 from cadence.actors.rewards import InlineScorer, Scorer, score_rollouts
 from cadence.actors.tasks.base import Prompt, Task
 from cadence.protocols.messages import EngineTimings, Grant, RolloutGroup
+from cadence.protocols.transport import TransportClosed
 
 
 @dataclasses.dataclass
@@ -51,7 +54,7 @@ class ActorStats:
 class Actor:
     """Args:
       actor_id: unique among live actors.
-      engine: has generate(params, rows, key) (JaxEngine, SGLangEngine).
+      engine: an Engine (actors/engine_api.py: JaxEngine, SGLangEngine).
       task: builds prompt i (`prompt(i)`) and scores completions.
       client: a DispatcherClient (or None for `step` alone, e.g. benchmarks).
       weights: `latest() -> (params, version)` and `ensure(version)` (in-process or fetched).
@@ -62,7 +65,7 @@ class Actor:
         a time limit; EnvRunner.from_config(task_cfg)); None: the defaults.
     """
 
-    def __init__(self, actor_id: str, engine: Any, task: Task, client: Any, weights: Any, group_size: int,
+    def __init__(self, actor_id: str, engine: Engine, task: Task, client: Any, weights: Any, group_size: int,
                  prompts_per_call: int, seed: int, scorer: Scorer | None = None, envs: EnvRunner | None = None):
         self.actor_id = actor_id
         self.engine = engine
@@ -101,11 +104,10 @@ class Actor:
         """Generate and score one engine call's worth of groups (for `grant`, if given)."""
         G = self.group_size
         params, version = self.weights.latest()  # >= the granted version: only fresher
-        sync = getattr(self.engine, "sync_weights", None)
-        if sync is not None:  # a server engine holds its own weights: bring them within the bound
-            # The oldest version the learner will still accept for these samples.
-            oldest = version if grant is None else grant.min_version
-            sync(params, version, min_version=min(oldest, version))
+        # An engine holding its own weights (servers) brings them within the bound; the oldest
+        # version the learner will still accept for these samples:
+        oldest = version if grant is None else grant.min_version
+        self.engine.sync_weights(params, version, min_version=min(oldest, version))
         self._phase("generating")
         queued_at = time.time()
         # The key is a function of the prompts, not of how many calls came before, so a prompt
@@ -123,7 +125,7 @@ class Actor:
         groups = build_groups(self.task.name, self.actor_id, prompts, out, scores, version,
                               EngineTimings(queued_at=queued_at, started_at=started_at, finished_at=finished_at,
                                             generate_seconds=seconds, num_tokens=out.generated_tokens,
-                                            engine=getattr(self.engine, "name", "jax")),
+                                            engine=self.engine.name),
                               grant_id="" if grant is None else grant.grant_id)
         self.stats.calls += 1
         self.stats.generate_seconds += seconds
@@ -133,13 +135,12 @@ class Actor:
     def warm_up(self) -> None:
         """An engine with weights of its own (SGLang) takes the newest weights before the first
         request for work, so no granted prompt waits while its servers start."""
-        sync = getattr(self.engine, "sync_weights", None)
-        if sync is None:
+        if not self.engine.holds_weights:
             return
         self._phase("weights")
         self.weights.ensure(0)  # the newest the learner has
         params, version = self.weights.latest()
-        sync(params, version)
+        self.engine.sync_weights(params, version)
 
     def run(self, stop: threading.Event, warm_up: bool = False) -> None:
         """Work until `stop` is set or the learner says stop. An exception is kept in `error`, told
@@ -163,19 +164,16 @@ class Actor:
                     reset = getattr(self.weights, "reset", None)
                     if reset is not None:  # the resumed run may be older than the weights we hold
                         reset()
-                    forget = getattr(self.engine, "forget_weights", None)
-                    if restarted and forget is not None:  # so may the weights our servers serve
-                        forget()
+                    if restarted:  # so may the weights our servers serve
+                        self.engine.forget_weights()
                 prompts = self.prompts_for(grant)
                 self._phase("weights")
                 self.weights.ensure(grant.version)
                 groups = self.step(prompts, grant)
                 client.report(generate_seconds=self.stats.generate_seconds)
-                engine_stats = getattr(self.engine, "stats", None)
-                if engine_stats is not None:  # SGLang's counters, per actor in the learner's metrics
-                    name = getattr(self.engine, "name", "engine")
-                    client.report(engine_stats={f"{name}/{k}": float(v)
-                                                for k, v in dataclasses.asdict(engine_stats).items()})
+                counters = self.engine.counters()
+                if counters:  # SGLang's counters, per actor in the learner's metrics
+                    client.report(engine_stats={f"{self.engine.name}/{k}": float(v) for k, v in counters.items()})
                 if groups:  # the weights version it generates with, for its heartbeats (version lag)
                     client.report(version=max(g.policy_version for g in groups))
                 self._phase("sending")
@@ -191,4 +189,5 @@ class Actor:
 
 
 def _is_abort(e: BaseException) -> bool:
-    return type(e).__name__ in ("GenerationAborted", "TransportClosed")
+    """A stop cut the engine call (abort()) or the dispatcher's transport short: not a failure."""
+    return isinstance(e, (GenerationAborted, TransportClosed))

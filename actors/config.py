@@ -38,7 +38,7 @@ class SGLangConfig:
     backoff_s: float = 0.2  # first retry delay; doubles with each failure
     concurrency: int = 16  # requests in flight per server
     heartbeat_s: float = 5.0  # /health_generate (and process liveness) check interval
-    sync: Literal["restart", "disk", "distributed"] = "restart"  # weight sync: restart on a new checkpoint (sglang-jax), /update_weights_from_disk or a torch.distributed broadcast (main SGLang)
+    sync: Literal["restart", "disk", "distributed"] = "restart"  # weight sync (actors/sglang/weight_sync/, one file each): restart on a new checkpoint (sglang-jax), /update_weights_from_disk or a torch.distributed broadcast (main SGLang)
     sync_every: int = 0  # also sync once servers lag this many versions (0 = only when the staleness bound needs it)
     # sync="distributed" (actors/sglang/weight_broadcast.py): the learner is rank 0 of a group the servers join.
     dist_backend: Literal["nccl", "gloo"] = "nccl"  # nccl between GPUs; gloo over TCP (CPU)
@@ -74,12 +74,10 @@ class SGLangConfig:
             raise ValueError(f"dist_backend: must be 'nccl' or 'gloo', got {self.dist_backend!r}")
         if self.dist_dtype not in ("", "float32", "bfloat16", "float16"):
             raise ValueError(f"dist_dtype: must be '', 'float32', 'bfloat16' or 'float16', got {self.dist_dtype!r}")
-        if self.sync == "distributed" and not self.dist_trusted_network and not is_loopback(self.dist_address):
-            raise ValueError(f"dist_address: {self.dist_address!r} is not loopback, and torch.distributed does not "
-                             "authenticate its peers; on a trusted private network set dist_trusted_network=true")
-        if self.sync == "restart" and self.urls:
-            raise ValueError("sync: 'restart' needs servers Cadence launches (empty urls); attached servers "
-                             "need 'disk'")
+        # The sync method's own rules (restart: launched servers; distributed: a loopback address).
+        from cadence.actors.sglang.weight_sync import weight_sync_method
+
+        weight_sync_method(self.sync).check_config(self)
 
     def resolved_python(self) -> str:
         """launch_python, or $CADENCE_SGLANG_PYTHON when it is empty ("" if neither is set)."""

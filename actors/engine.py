@@ -29,12 +29,13 @@ import dataclasses
 import functools
 import math
 import time
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cadence.actors.engine_api import Engine, GenerationResult
 from cadence.learner.models import llama
 from cadence.learner.models.config import ModelConfig
 
@@ -63,19 +64,6 @@ class EngineConfig:
             raise ValueError(f"batch_buckets: must be positive and strictly increasing, got {self.batch_buckets}")
         if self.prompt_bucket < 1:
             raise ValueError(f"prompt_bucket: must be >= 1, got {self.prompt_bucket}")
-
-
-class GenerationResult(NamedTuple):
-    """Completions, one row per request, as NumPy arrays."""
-
-    tokens: np.ndarray  # [N, max_new_tokens] int32 completion ids, pad_id after the end
-    logprobs: np.ndarray  # [N, max_new_tokens] float32 behavior logprobs of the sampled tokens, 0 after the end
-    lengths: np.ndarray  # [N] int32 completion length, including the EOS token if one was produced
-    seconds: float  # wall time of the whole generate call (host prep, device loop, transfer back)
-    num_tokens: int  # generated tokens (sum of lengths)
-    # [N, max_new_tokens] float32 log of the nucleus mass kept at each step (<= 0; 0 without top-p,
-    # when greedy, and after the end); -kept_logmass = KL(truncated || full) of that step
-    kept_logmass: np.ndarray | None = None
 
 
 def _nucleus(logp, top_p):
@@ -248,8 +236,14 @@ def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask
     return out_tok, out_lp, lengths, out_km
 
 
-class JaxEngine:
-    """Batched sampler for the learner's Llama model; see the module docstring for the contract."""
+class JaxEngine(Engine):
+    """Batched sampler for the learner's Llama model; see the module docstring for the contract.
+
+    An Engine (actors/engine_api.py) that holds no weights: every generate() call samples from the
+    params it is given, so weights-in is a no-op and the rows carry no versions of their own."""
+
+    name = "jax"
+    holds_weights = False
 
     def __init__(self, model_cfg: ModelConfig, graphdef, cfg: EngineConfig, eos_id: int, pad_id: int):
         """Args: model_cfg/graphdef of the model to run; cfg; eos_id (an id outside the vocabulary
@@ -347,6 +341,21 @@ class JaxEngine:
         kept = np.concatenate([o[3][: min(chunk, n - lo)] for o, lo in zip(outs, starts)])
         return GenerationResult(out_tok, out_lp, lengths, time.perf_counter() - start,
                                 int(lengths.sum()), kept)
+
+    def sync_weights(self, params, version: int, min_version: int | None = None) -> bool:
+        return False  # generate() reads the params it is given
+
+    def forget_weights(self) -> None:
+        pass  # nothing held
+
+    def counters(self) -> dict[str, float]:
+        return {}  # its timings travel in each group's EngineTimings
+
+    def abort(self) -> None:
+        pass  # a call is one jitted program: it cannot be cut short, and it ends on its own
+
+    def close(self) -> None:
+        pass  # owns nothing beyond memory
 
     def _pack(self, prompts, lens):
         """Left-pads prompts into the bucketed block: tokens/mask [B, P], active [B]."""

@@ -126,7 +126,7 @@ def generate_rollouts(engine, params, task, rows: Sequence[Prompt], key: jax.Arr
         n = stop_length(task.tokenizer, ids, texts)
         tokens.append(ids[:n])
         logprobs.append(result.logprobs[r, :n])  # rows of the engine's array: packed as they are
-    versions = getattr(result, "policy_versions", None)
+    versions = result.policy_versions
     kept = _kept(result)
     return Rollouts(tokens, logprobs, None, None if versions is None else np.asarray(versions),
                     sum(len(t) for t in tokens), None,
@@ -135,7 +135,7 @@ def generate_rollouts(engine, params, task, rows: Sequence[Prompt], key: jax.Arr
 
 def _kept(result) -> np.ndarray | None:
     """The engine's [N, M] kept top-p log-mass, or None when it cut nothing (or does not say)."""
-    kept = getattr(result, "kept_logmass", None)
+    kept = result.kept_logmass
     return kept if kept is not None and np.any(kept != 0) else None
 
 
@@ -175,7 +175,7 @@ def run_episodes(engine, params, task, rows: Sequence[Prompt], key: jax.Array,
             break
         context = [list(ep.prompt.tokens) + ep.tokens for ep in live]
         result = engine.generate(params, context, jax.random.fold_in(key, turn), greedy=greedy, **stop)
-        versions = getattr(result, "policy_versions", None)
+        versions = result.policy_versions
         kept = _kept(result)
         truncated = truncated or kept is not None
         turns = []

@@ -17,18 +17,9 @@ from typing import Any
 import aiohttp
 
 from cadence.actors.sglang.alignment import MalformedResponse
+from cadence.actors.sglang.results import ServerHTTPError, ServerUnavailable
 
-
-class ServerUnavailable(ConnectionError):
-    """No answer: refused, reset, or past the timeout."""
-
-
-class ServerHTTPError(RuntimeError):
-    """The server answered with an HTTP error status."""
-
-    def __init__(self, url: str, status: int, text: str):
-        super().__init__(f"{url}: HTTP {status}: {text[:300]}")
-        self.status = status
+__all__ = ["MalformedResponse", "SGLangClient", "ServerHTTPError", "ServerUnavailable", "completion_request"]
 
 
 def completion_request(input_ids: list[int], sampling_params: dict, rid: str | None = None) -> dict:

@@ -1,10 +1,10 @@
-"""SGLangEngine: SGLang servers behind the built-in engine's generate() contract, plus weight sync.
+"""SGLangEngine: SGLang servers behind the Engine interface (actors/engine_api.py), weights held by them.
 
     engine = SGLangEngine(cfg.actors.sglang, max_new_tokens=8, eos_id=2, pad_id=0,
                           export_fn=lambda params, d: export_for_server(model_cfg, params, d),
                           work_dir="/run/sglang")
     engine.sync_weights(params, version)            # start / bring servers to this version
-    result = engine.generate(params, prompts, key)  # SGLangResult, one row per prompt
+    result = engine.generate(params, prompts, key)  # GenerationResult, policy_versions per row
 
 One asyncio loop in a background thread drives every server; generate() may be called from several
 actor threads at once. Each row is one /generate request (input_ids, return_logprob) sent to the
@@ -26,16 +26,17 @@ Behavior logprobs are the server's ``output_token_logprobs``; they match Cadence
 1e-4 (measured 7e-7, both fp32 on CPU, sglang-jax:
 tests/actors/sglang_engine_test.py::test_generation_logprobs_match_cadence_model).
 
-The engine is three parts, one module each: this one (construction, the event loop, generation),
-pool.py (routing, health and recovery of the servers) and sync.py (weight sync: restart, disk,
-distributed); results.py holds what they return and raise.
+The engine is composed of three parts: this module (generation, abort, when to sync), a ServerPool
+(pool.py: the servers, the event loop driving them, routing, health and recovery) and a WeightSync
+(weight_sync/: how servers get new weights, one class per actors.sglang.sync method, chosen by
+weight_sync_method); results.py holds what they count and raise.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
-import threading
 import time
 import uuid
 from typing import Any, Callable, Sequence
@@ -43,20 +44,21 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cadence.actors.config import SGLangConfig
+from cadence.actors.engine_api import Engine, GenerationResult
 from cadence.actors.sglang.alignment import Completion, MalformedResponse, MisalignedResponse, parse_completion
-from cadence.actors.sglang.client import ServerHTTPError, ServerUnavailable, SGLangClient, completion_request
-from cadence.actors.sglang.pool import Server, ServerPool, server_env
+from cadence.actors.sglang.client import ServerHTTPError, ServerUnavailable, completion_request
+from cadence.actors.sglang.pool import Exports, Server, ServerPool, server_env
 from cadence.actors.sglang.results import EngineStats, GenerationAborted, SGLangError, SGLangResult
-from cadence.actors.sglang.server import ServerProcess
-from cadence.actors.sglang.sync import WeightSync
+from cadence.actors.sglang.weight_sync import weight_sync_method
 
 __all__ = ["EngineStats", "GenerationAborted", "SGLangEngine", "SGLangError", "SGLangResult", "server_env"]
 
 
-class SGLangEngine(ServerPool, WeightSync):
+class SGLangEngine(Engine):
     """See the module docstring. Call close() when done (stops owned servers)."""
 
     name = "sglang"
+    holds_weights = True
 
     def __init__(self, cfg: SGLangConfig, *, max_new_tokens: int, eos_id: int, pad_id: int,
                  export_fn: Callable[[Any, str], Any], work_dir: str, temperature: float = 1.0,
@@ -68,49 +70,72 @@ class SGLangEngine(ServerPool, WeightSync):
         gather_fn(arrays) -> the arrays whole on this process, a bucket at a time (a learner
         sharded over processes; default: arrays this process can read)."""
         cfg.validate()
-        if cfg.sync == "distributed" and tensors_fn is None:
-            raise ValueError("sync: 'distributed' needs the engine's tensors_fn (params -> hf_export.hf_tensors)")
         self.cfg = cfg
-        self.tensors_fn = tensors_fn
-        self.gather_fn = gather_fn
-        self._group = None  # distributed sync: the weight-update group, and which servers are in it
-        self._group_members: tuple[int, ...] = ()
-        self.synced_version: int | None = None  # newest version a sync brought the servers to
         self.max_new_tokens, self.eos_id, self.pad_id = int(max_new_tokens), int(eos_id), int(pad_id)
         self.temperature, self.top_p = float(temperature), float(top_p)
-        self.export_fn = export_fn
         self.work_dir = os.path.abspath(work_dir)
+        self.exports = Exports(export_fn, self.work_dir)  # the newest checkpoint, what restarts load
+        # How servers get new weights: one class per cfg.sync (raises ValueError for what it lacks).
+        self.weight_sync = weight_sync_method(cfg.sync)(cfg, self.exports, tensors_fn=tensors_fn,
+                                                        gather_fn=gather_fn)
         os.makedirs(self.work_dir, exist_ok=True)
         self.stats = EngineStats()
-        self.model_dir: str | None = None  # newest exported checkpoint
-        self.model_version: int | None = None
-        self._sync_lock = threading.Lock()
         self._abort_epoch = 0
         self._rids = itertools.count()
-        if cfg.urls:
-            self.servers = [Server(SGLangClient(u, cfg.request_timeout_s, cfg.concurrency), None)
-                            for u in cfg.urls]
-        else:
-            python = cfg.resolved_python()
-            if not python:
-                raise ValueError("launch_python: set it or $CADENCE_SGLANG_PYTHON (or attach servers with urls)")
-            procs = [ServerProcess(python, cfg.launch_module, cfg.launch_args, cfg.host,
-                                   cfg.port + i if cfg.port else 0, os.path.join(self.work_dir, "logs"),
-                                   server_env(cfg, self.work_dir)) for i in range(cfg.num_servers)]
-            self.servers = [Server(SGLangClient(p.url, cfg.request_timeout_s, cfg.concurrency), p)
-                            for p in procs]
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-engine", daemon=True)
-        self._thread.start()
-        self._sems = self._call(self._make_semaphores())
-        self._heartbeat = asyncio.run_coroutine_threadsafe(self._heartbeat_loop(), self._loop)
+        self.pool = ServerPool(cfg, self.work_dir, self.stats, self.exports, self.weight_sync)
 
-    # -- plumbing ---------------------------------------------------------------------------------
-    def _call(self, coro, timeout: float | None = None):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+    @property
+    def servers(self) -> list[Server]:
+        return self.pool.servers
 
-    async def _make_semaphores(self):
-        return [asyncio.Semaphore(self.cfg.concurrency) for _ in self.servers]
+    @property
+    def served_version(self) -> int | None:
+        """The oldest version any server that is not down holds (None before the first sync)."""
+        return self.pool.served_version
+
+    # -- weights in ---------------------------------------------------------------------------------
+    def needs_sync(self, version: int, min_version: int | None = None) -> bool:
+        """Would sync_weights(…, version, min_version) change the servers?"""
+        served = self.served_version
+        if served is None or any(s.awaiting_weights for s in self.servers):
+            return True
+        if served >= version:
+            return False
+        if min_version is not None and served < min_version:
+            return True
+        if self.cfg.sync_every and version - served >= self.cfg.sync_every:
+            return True
+        return min_version is None
+
+    def sync_weights(self, params, version: int, min_version: int | None = None) -> bool:
+        """Brings every server to ``version`` when needed; returns whether it synced.
+
+        Needed when: nothing is served yet; a server holds a version older than min_version (the
+        oldest the admission gate still accepts for the caller's samples); the lag reached
+        cfg.sync_every; or min_version is None (always sync to the newest). Blocks until done; other
+        actors' requests meanwhile finish under the old version or wait for the new one. How: the
+        engine's WeightSync (cfg.sync).
+        """
+        with self.pool.sync_lock:
+            if not self.needs_sync(version, min_version):
+                return False
+            t0 = time.perf_counter()
+            if not self.weight_sync.update(self.pool, params, version):
+                return False  # only a server still down was waiting
+            self.stats.syncs += 1
+            self.stats.sync_seconds += time.perf_counter() - t0
+            return True
+
+    def forget_weights(self) -> None:
+        """The learner restarted, and its resumed run may be older than what the servers hold: the
+        next sync_weights() brings every server to the version it is given, whatever it held."""
+        with self.pool.sync_lock:
+            for s in self.servers:
+                s.version = None
+
+    def counters(self) -> dict[str, float]:
+        """EngineStats as floats (cumulative)."""
+        return {k: float(v) for k, v in dataclasses.asdict(self.stats).items()}
 
     # -- generation -------------------------------------------------------------------------------
     async def _complete(self, prompt: list[int], sampling: dict, epoch: int) -> tuple[Completion, int]:
@@ -119,11 +144,11 @@ class SGLangEngine(ServerPool, WeightSync):
         while True:
             if self._abort_epoch != epoch:
                 raise GenerationAborted("generation aborted")
-            i = await self._pick()
+            i = await self.pool.pick()
             server = self.servers[i]
             rid = f"cadence-{uuid.uuid4().hex[:8]}-{next(self._rids)}"
             payload = completion_request(prompt, sampling, rid)
-            async with self._sems[i]:
+            async with self.pool.slots[i]:
                 if self._abort_epoch != epoch:
                     raise GenerationAborted("generation aborted")
                 if not server.ready:  # left the rotation while we waited for a slot
@@ -142,7 +167,7 @@ class SGLangEngine(ServerPool, WeightSync):
                 except ServerUnavailable:
                     self.stats.unavailable += 1
                     if self._abort_epoch == epoch:
-                        self._mark_down(server)
+                        self.pool.mark_down(server)
                     # Not a strike against the request: it is re-issued once a server is ready.
                 except (MisalignedResponse, MalformedResponse, ServerHTTPError) as e:
                     kind = {MisalignedResponse: "misaligned", MalformedResponse: "malformed"}.get(type(e), "http_errors")
@@ -160,7 +185,7 @@ class SGLangEngine(ServerPool, WeightSync):
 
     def generate(self, params, prompts: Sequence[Sequence[int]], rng=None, *, greedy: bool = False,
                  temperature: float | None = None, top_p: float | None = None,
-                 stop: Sequence[Sequence[int]] = ()) -> SGLangResult:
+                 stop: Sequence[Sequence[int]] = ()) -> GenerationResult:
         """Same contract as JaxEngine.generate; params and rng are not used (the servers hold the
         weights: call sync_weights first; sampling seeds are the servers' own).
 
@@ -190,7 +215,7 @@ class SGLangEngine(ServerPool, WeightSync):
         if n:
             if min(len(p) for p in prompts) < 1:
                 raise ValueError("prompts: every prompt needs at least one token (e.g. BOS)")
-            rows = self._call(self._generate(prompts, sampling, self._abort_epoch))
+            rows = self.pool.call(self._generate(prompts, sampling, self._abort_epoch))
             for r, (c, v) in enumerate(rows):
                 k = len(c.tokens)
                 tokens[r, :k], logprobs[r, :k], lengths[r], versions[r] = c.tokens, c.logprobs, k, v
@@ -198,7 +223,7 @@ class SGLangEngine(ServerPool, WeightSync):
         self.stats.completions += n
         self.stats.tokens += num
         kept = np.zeros((n, m), np.float32) if (greedy or top_p >= 1.0) else None
-        return SGLangResult(tokens, logprobs, lengths, time.perf_counter() - start, num, kept, versions)
+        return GenerationResult(tokens, logprobs, lengths, time.perf_counter() - start, num, kept, versions)
 
     def abort(self) -> None:
         """Aborts every running generate() call (they raise GenerationAborted); the servers keep serving."""
@@ -212,21 +237,8 @@ class SGLangEngine(ServerPool, WeightSync):
                     except (ServerUnavailable, ServerHTTPError):
                         pass
 
-        self._call(abort_all())
+        self.pool.call(abort_all())
 
     def close(self) -> None:
         """Stops owned servers and the event loop."""
-        self._heartbeat.cancel()
-
-        async def shutdown():
-            for s in self.servers:
-                await s.client.close()
-
-        try:
-            self._call(shutdown(), timeout=10)
-        finally:
-            for s in self.servers:
-                if s.process is not None:
-                    s.process.stop()
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+        self.pool.close()

@@ -1,25 +1,33 @@
-"""The SGLang servers behind one engine: routing, health and recovery.
+"""The SGLang servers behind one engine: routing, health and recovery, on one event loop.
 
-ServerPool is one of SGLangEngine's parts (engine.py composes it with WeightSync); its methods run
-on the engine's event loop and use the engine's state: servers (Server below), cfg, stats,
-_sync_lock, and the newest weights (model_dir, model_version, synced_version) that WeightSync keeps.
+ServerPool is one of SGLangEngine's parts (engine.py): it owns the servers (Server below), the
+asyncio loop in a background thread that drives every request to them, and the newest exported
+checkpoint (Exports, what a restarted server loads). The engine's WeightSync method (weight_sync/)
+is given to it for the two moments a method decides: a server restarted after a failure, and an
+attached server that answers again.
 
-  routing     _pick: the ready server with the fewest requests in flight
+  routing     pick: the ready server with the fewest requests in flight
   health      _heartbeat_loop: GET /health on idle servers; three misses take one out of rotation;
-              an attached server that answers again rejoins (with the newest weights)
-  recovery    _mark_down / _recover: out of rotation, and an owned server is restarted on the
-              newest exported weights before it serves again; _drain waits out running requests
+              an attached server that answers again rejoins (weight_sync.rejoin)
+  recovery    mark_down / _recover: out of rotation, and an owned server is restarted on the
+              newest exported weights before it serves again; drain waits out running requests
 """
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import threading
 import time
+from typing import TYPE_CHECKING, Any, Callable
 
 from cadence.actors.config import SGLangConfig
-from cadence.actors.sglang.client import ServerHTTPError, ServerUnavailable, SGLangClient
-from cadence.actors.sglang.results import SGLangError
+from cadence.actors.sglang.client import SGLangClient
+from cadence.actors.sglang.results import EngineStats, SGLangError
 from cadence.actors.sglang.server import ServerProcess
+
+if TYPE_CHECKING:
+    from cadence.actors.sglang.weight_sync import WeightSync
 
 
 def server_env(cfg: SGLangConfig, work_dir: str) -> tuple[str, ...]:
@@ -48,8 +56,75 @@ class Server:
         self.down = False  # did not answer; left out of served_version until it serves again
 
 
+class Exports:
+    """The newest checkpoint exported for the servers: the one a (re)started server loads."""
+
+    def __init__(self, export_fn: Callable[[Any, str], Any], work_dir: str):
+        """export_fn(params, dir) writes a checkpoint the servers can load; versions go in work_dir."""
+        self.export_fn, self.work_dir = export_fn, work_dir
+        self.model_dir: str | None = None
+        self.model_version: int | None = None
+
+    def write(self, params, version: int) -> str:
+        """Writes version's checkpoint, removes the previous one; returns its directory."""
+        out_dir = os.path.join(self.work_dir, f"v{version:06d}")
+        self.export_fn(params, out_dir)
+        old, self.model_dir, self.model_version = self.model_dir, out_dir, version
+        if old and old != out_dir:
+            shutil.rmtree(old, ignore_errors=True)
+        return out_dir
+
+
 class ServerPool:
-    """Routing, health and recovery of the engine's servers (a part of SGLangEngine)."""
+    """Routing, health and recovery of one engine's servers (a part of SGLangEngine)."""
+
+    def __init__(self, cfg: SGLangConfig, work_dir: str, stats: EngineStats, exports: Exports,
+                 weight_sync: WeightSync):
+        """Attaches cfg.urls, or prepares cfg.num_servers launched servers (started by the first
+        weight sync); stats: the engine's counters; weight_sync: the method the engine syncs with."""
+        self.cfg, self.stats, self.exports, self.weight_sync = cfg, stats, exports, weight_sync
+        self.sync_lock = threading.Lock()  # held by a weight sync (the heartbeat leaves servers alone then)
+        if cfg.urls:
+            self.servers = [Server(SGLangClient(u, cfg.request_timeout_s, cfg.concurrency), None)
+                            for u in cfg.urls]
+        else:
+            python = cfg.resolved_python()
+            if not python:
+                raise ValueError("launch_python: set it or $CADENCE_SGLANG_PYTHON (or attach servers with urls)")
+            procs = [ServerProcess(python, cfg.launch_module, cfg.launch_args, cfg.host,
+                                   cfg.port + i if cfg.port else 0, os.path.join(work_dir, "logs"),
+                                   server_env(cfg, work_dir)) for i in range(cfg.num_servers)]
+            self.servers = [Server(SGLangClient(p.url, cfg.request_timeout_s, cfg.concurrency), p)
+                            for p in procs]
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-engine", daemon=True)
+        self._thread.start()
+        self.slots = self.call(self._make_semaphores())  # per server: at most cfg.concurrency requests
+        self._heartbeat = asyncio.run_coroutine_threadsafe(self._heartbeat_loop(), self._loop)
+
+    def call(self, coro, timeout: float | None = None):
+        """Runs coro on the pool's event loop and waits for its result (from any other thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _make_semaphores(self):
+        return [asyncio.Semaphore(self.cfg.concurrency) for _ in self.servers]
+
+    def close(self) -> None:
+        """Stops the heartbeat, the owned servers and the event loop."""
+        self._heartbeat.cancel()
+
+        async def shutdown():
+            for s in self.servers:
+                await s.client.close()
+
+        try:
+            self.call(shutdown(), timeout=10)
+        finally:
+            for s in self.servers:
+                if s.process is not None:
+                    s.process.stop()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
 
     @property
     def served_version(self) -> int | None:
@@ -57,7 +132,7 @@ class ServerPool:
         versions = [s.version for s in self.servers if not s.down]
         return None if not versions or any(v is None for v in versions) else min(versions)
 
-    async def _pick(self) -> int:
+    async def pick(self) -> int:
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while True:
             ready = [i for i, s in enumerate(self.servers) if s.ready]
@@ -67,14 +142,15 @@ class ServerPool:
                 raise SGLangError(f"no SGLang server ready after {self.cfg.startup_timeout_s:.0f} s")
             await asyncio.sleep(0.05)
 
-    async def _drain(self, server: Server) -> None:
+    async def drain(self, server: Server) -> None:
         """Out of rotation; wait until its running requests finish (under the old version)."""
         server.ready = False
         deadline = time.monotonic() + self.cfg.request_timeout_s
         while server.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
-    async def _restart(self, server: Server, model_dir: str, version: int) -> None:
+    async def restart(self, server: Server, model_dir: str, version: int) -> None:
+        """(Re)starts an owned server on model_dir; back in rotation serving ``version``."""
         server.ready = False
         await server.client.close()  # connections to the old process are dead anyway
         proc = server.process
@@ -85,7 +161,7 @@ class ServerPool:
         await asyncio.to_thread(proc.wait_healthy, self.cfg.startup_timeout_s)
         server.version, server.ready, server.failed_heartbeats, server.down = version, True, 0, False
 
-    async def _reachable(self) -> tuple[int, ...]:
+    async def reachable(self) -> tuple[int, ...]:
         """Servers that answer /health and are not being restarted (the members of a new group)."""
         candidates = [i for i, s in enumerate(self.servers) if s.recovering is None
                       and (s.process is None or s.process.alive())]
@@ -99,14 +175,14 @@ class ServerPool:
                     # waiting again when the server answers. An owned one keeps the flag: its recovery
                     # must not put partly updated weights back in rotation.
                     server.awaiting_weights = False
-                self._mark_down(server)  # back through the heartbeat (attached) or a restart (owned)
+                self.mark_down(server)  # back through the heartbeat (attached) or a restart (owned)
         return tuple(i for i, up in zip(candidates, ok) if up)
 
     # -- failures ---------------------------------------------------------------------------------
-    def _mark_down(self, server: Server) -> None:
+    def mark_down(self, server: Server) -> None:
         """Out of rotation; an owned server is restarted on the newest weights."""
         server.ready, server.down = False, True
-        if server.process is not None and server.recovering is None and self.model_dir is not None:
+        if server.process is not None and server.recovering is None and self.exports.model_dir is not None:
             server.recovering = asyncio.ensure_future(self._recover(server))
 
     async def _recover(self, server: Server) -> None:
@@ -116,19 +192,16 @@ class ServerPool:
                 server.down = False
                 return
             while True:
-                model_dir, version = self.model_dir, self.model_version
+                model_dir, version = self.exports.model_dir, self.exports.model_version
                 try:
-                    await self._restart(server, model_dir, version)
+                    await self.restart(server, model_dir, version)
                 except Exception:  # noqa: BLE001 - a failed start is retried after a pause
                     await asyncio.sleep(self.cfg.backoff_s)
                     continue
                 self.stats.restarts += 1
-                if self.cfg.sync == "distributed" and self.synced_version != version:
-                    # Restarted on the launch checkpoint: the next sync_weights() broadcasts the newest.
-                    # Not down: its old version must count until then.
-                    server.ready, server.awaiting_weights = False, True
-                    return
-                if self.model_version == version:
+                if self.weight_sync.restarted(server, version):
+                    return  # its method keeps it out of rotation until the next sync
+                if self.exports.model_version == version:
                     return
                 # A sync happened while it restarted: bring it to the newest before it serves.
         finally:
@@ -141,7 +214,7 @@ class ServerPool:
                 if server.recovering is not None or server.version is None:
                     continue
                 if server.process is not None and not server.process.alive():
-                    self._mark_down(server)
+                    self.mark_down(server)
                     continue
                 if server.ready and server.in_flight == 0:
                     # GET /health, not /health_generate: sglang-jax 0.1.0rc0's scheduler crashed when
@@ -149,19 +222,9 @@ class ServerPool:
                     ok = await server.client.health(timeout_s=self.cfg.request_timeout_s)
                     server.failed_heartbeats = 0 if ok else server.failed_heartbeats + 1
                     if server.failed_heartbeats >= 3:
-                        self._mark_down(server)
-                elif not server.ready and server.process is None and not self._sync_lock.locked():
-                    # An attached server back from the dead rejoins once it answers (disk mode:
-                    # after loading the newest weights).
+                        self.mark_down(server)
+                elif not server.ready and server.process is None and not self.sync_lock.locked():
+                    # An attached server back from the dead rejoins once it answers, as its
+                    # method says (disk: after loading the newest weights).
                     if await server.client.health_generate(timeout_s=self.cfg.request_timeout_s):
-                        if self.cfg.sync == "distributed":
-                            server.awaiting_weights = self.synced_version is not None
-                            server.ready, server.down = not server.awaiting_weights, False
-                            continue
-                        if self.cfg.sync == "disk" and self.model_dir and server.version != self.model_version:
-                            try:
-                                await server.client.update_weights_from_disk(self.model_dir, self.model_version)
-                                server.version = self.model_version
-                            except (ServerUnavailable, ServerHTTPError, RuntimeError):
-                                continue
-                        server.ready, server.down = True, False
+                        await self.weight_sync.rejoin(self, server)

@@ -1,26 +1,32 @@
-"""What the SGLang engine returns, counts and raises (shared by its modules)."""
+"""What the SGLang engine returns, counts and raises (shared by its modules).
+
+GenerationResult and GenerationAborted are the Engine interface's (actors/engine_api.py). The
+errors live here, not beside the HTTP client, so the weight-sync methods (and the config validation
+that asks them) import no aiohttp."""
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
-import numpy as np
+from cadence.actors.engine_api import GenerationAborted, GenerationResult
 
-
-class SGLangResult(NamedTuple):
-    """GenerationResult's fields (same order and meaning) plus the version of each row."""
-
-    tokens: np.ndarray  # [N, M] int32, pad_id after the end
-    logprobs: np.ndarray  # [N, M] float32 behavior logprobs (the server's), 0 after the end
-    lengths: np.ndarray  # [N] int32, including the stop token
-    seconds: float
-    num_tokens: int
-    kept_logmass: np.ndarray | None  # [N, M] zeros when top_p == 1 (no truncation); None otherwise (not reported)
-    policy_versions: np.ndarray  # [N] int64: the weights version the row's server held
+__all__ = ["EngineStats", "GenerationAborted", "SGLangError", "SGLangResult", "ServerHTTPError", "ServerUnavailable"]
 
 
-class GenerationAborted(RuntimeError):
-    """abort() was called while this generate() call was running."""
+# What SGLangEngine.generate returns: the Engine's result, policy_versions always set (the weights
+# version each row's server held when its request was sent).
+SGLangResult = GenerationResult
+
+
+class ServerUnavailable(ConnectionError):
+    """No answer from a server: refused, reset, or past the timeout (client.py raises it)."""
+
+
+class ServerHTTPError(RuntimeError):
+    """A server answered with an HTTP error status (client.py raises it)."""
+
+    def __init__(self, url: str, status: int, text: str):
+        super().__init__(f"{url}: HTTP {status}: {text[:300]}")
+        self.status = status
 
 
 class SGLangError(RuntimeError):

@@ -37,9 +37,12 @@ import socket
 import sys
 import tempfile
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
+
+if TYPE_CHECKING:
+    from cadence.actors.engine_api import Engine
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -92,15 +95,13 @@ def run_actor(endpoint: str, actor_id: str, keys_dir: str = "", stop: threading.
         local.cleanup()
 
 
-def _close_engine(engine, actor_id, log) -> None:
-    """SGLang: requests still running are cut short first (else a failing one would restart its
-    server), then the servers it launched stop."""
-    if getattr(engine, "close", None) is None:
-        return
+def _close_engine(engine: Engine, actor_id, log) -> None:
+    """Requests still running are cut short first (SGLang: else a failing one would restart its
+    server), then what the engine owns is freed (the servers it launched)."""
     try:
         engine.abort()
     except Exception as e:  # noqa: BLE001 - best effort; close() stops the servers regardless
-        log(f"{actor_id}: abort before closing the SGLang engine: {type(e).__name__}: {e}")
+        log(f"{actor_id}: abort before closing the {engine.name} engine: {type(e).__name__}: {e}")
     engine.close()
 
 
@@ -169,20 +170,13 @@ def local_sglang(cfg, sglang_urls: tuple[str, ...], log=lambda text: None):
 
     Raises ValueError (naming the key or option) when this host cannot drive SGLang servers.
     """
-    from cadence.actors.config import is_loopback
+    from cadence.actors.sglang.weight_sync import weight_sync_method
 
-    sg = cfg.actors.sglang
-    sync = sg.sync
-    if sglang_urls and sync == "restart":
-        log("--sglang-url: attached servers cannot be restarted; weight sync 'disk' (/update_weights_from_disk)")
-        sync = "disk"
+    sg = dataclasses.replace(cfg.actors.sglang, urls=tuple(sglang_urls))
+    sg = weight_sync_method(sg.sync).for_actor_process(sg, log)  # e.g. restart -> disk for attached servers
     if not sglang_urls and not sg.resolved_python():
         raise ValueError("actors.sglang.launch_python: this host has no SGLang python to launch servers with; "
                          "set $CADENCE_SGLANG_PYTHON here, or attach running servers with --sglang-url URL")
-    dist_address = sg.dist_address
-    if sync == "distributed" and not sglang_urls and is_loopback(sg.host):
-        dist_address = "127.0.0.1"  # rank 0 is this process, its servers are here: not the learner's address
-    sg = dataclasses.replace(sg, urls=tuple(sglang_urls), sync=sync, dist_address=dist_address)
     actors = dataclasses.replace(cfg.actors, processes=0, num_actors=1, sglang=sg)
     return dataclasses.replace(cfg, actors=actors)
 

@@ -2,7 +2,8 @@
 
 Main SGLang cannot start on these machines (its kernels need CUDA; ../shared/notes/sglang.md) and
 sglang-jax has no update endpoints, so this process plays the server side of the protocol the way
-SGLang's ModelRunner does it: /init_weights_update_group joins a torch.distributed group at rank
+SGLang's ModelRunner does it: /update_weights_from_disk loads a checkpoint by name (sync="disk");
+/init_weights_update_group joins a torch.distributed group at rank
 rank_offset (+ tp_rank 0) through the learner's TCP rendezvous store; /update_weights_from_distributed
 allocates (names, dtypes, shapes), receives each tensor by a broadcast from rank 0 in that order,
 and loads them by name, here into a real transformers LlamaForCausalLM. The transport, the names
@@ -161,6 +162,22 @@ class Receiver:
             self.weight_version = req["weight_version"]
         self.updates += 1
 
+    def load_from_disk(self, req: dict) -> None:
+        """/update_weights_from_disk (main SGLang): the checkpoint at model_path, loaded by name."""
+        from safetensors.torch import load_file
+
+        files = [f for f in os.listdir(req["model_path"]) if f.endswith(".safetensors")]
+        if not files:
+            raise FileNotFoundError(f"no .safetensors in {req['model_path']}")
+        params = dict(self.model.named_parameters())
+        with torch.no_grad(), self.lock:
+            for f in files:
+                for name, w in load_file(os.path.join(req["model_path"], f)).items():
+                    if name in params:
+                        params[name].copy_(w)  # a tied lm_head shares embed_tokens' storage
+        if "weight_version" in req:
+            self.weight_version = req["weight_version"]
+
     def generate(self, req: dict) -> dict:
         sp = req.get("sampling_params", {})
         if sp.get("top_p", 1.0) < 1.0:
@@ -234,6 +251,7 @@ def make_app(receiver: Receiver) -> web.Application:
     app.add_routes([web.get("/health", ok), web.get("/health_generate", ok), web.get("/get_server_info", server_info),
                     web.post("/init_weights_update_group", call(receiver.init_group)),
                     web.post("/update_weights_from_distributed", call(receiver.update)),
+                    web.post("/update_weights_from_disk", call(receiver.load_from_disk)),
                     web.post("/destroy_weights_update_group", call(receiver.destroy)),
                     web.post("/pause_generation", ok), web.post("/continue_generation", ok),
                     web.post("/generate", generate), web.post("/abort_request", ok),

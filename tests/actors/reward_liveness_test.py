@@ -9,11 +9,9 @@ over ZeroMQ (inproc), the actor loop on a thread.
 import functools
 import threading
 
-import numpy as np
 import zmq
 
 from cadence.actors.actor_loop import Actor
-from cadence.actors.engine import GenerationResult
 from cadence.actors.prompt_stream import PromptStream
 from cadence.actors.rewards.pool import RewardPool
 from cadence.actors.tasks.base import Completion, Prompt
@@ -26,6 +24,7 @@ from cadence.protocols.dispatch_server import DispatchServer
 from cadence.protocols.ledger import SampleLedger
 from cadence.protocols.transport import InProcessTransport
 from cadence.protocols.weights import InProcessWeights
+from tests.scripted_engine import ScriptedEngine
 
 SLOW_TASK = '''
 import time
@@ -93,14 +92,6 @@ def test_a_completion_running_past_its_groups_budget_is_stopped(tmp_path):
         pool.close()
 
 
-class ScriptedEngine:
-    def generate(self, params, prompts, key, greedy=False):
-        n = len(prompts)
-        tokens = np.full((n, 2), 3, np.int32)
-        lengths = np.full((n,), 2, np.int32)
-        return GenerationResult(tokens, np.zeros((n, 2), np.float32), lengths, 0.0, int(lengths.sum()))
-
-
 def test_a_slow_scorer_that_makes_progress_is_not_taken_for_a_hung_actor(tmp_path):
     G, per_call, liveness_s = 2, 4, 2.0
     task = make_task(TaskConfig(name="sort", num_digits=3, heldout_size=4))
@@ -118,7 +109,7 @@ def test_a_slow_scorer_that_makes_progress_is_not_taken_for_a_hung_actor(tmp_pat
     pool.wait_ready()
     client = DispatcherClient(server.inproc, "slow-actor", per_call, ctx=ctx, heartbeat_seconds=0.1,
                               learner_timeout_seconds=10.0).start()
-    actor = Actor("slow-actor", ScriptedEngine(), task, client, InProcessWeights({}, 0), group_size=G,
+    actor = Actor("slow-actor", ScriptedEngine([[3, 3]]), task, client, InProcessWeights({}, 0), group_size=G,
                   prompts_per_call=per_call, seed=0, scorer=pool)
     stop = threading.Event()
     thread = threading.Thread(target=lambda: _run(actor, stop), daemon=True)

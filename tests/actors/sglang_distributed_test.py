@@ -187,13 +187,13 @@ def test_broadcast_reaches_every_server_reuses_the_group_and_regroups_after_a_ki
             np.testing.assert_allclose(_logits(p), _jax_logits(graphdef, versions[1]), atol=LOGITS_ATOL)
             info = _get(p, "/get_server_info")
             assert info["weight_version"] == "1" and info["updates"] == n_buckets
-        group = eng._group
+        group = eng.weight_sync.group
         assert eng.served_version == 1 and all(s.ready for s in eng.servers)
         assert eng.stats.sync_bytes == sum(t.value.nbytes for t in hf_tensors(CK, versions[1]))
 
         assert not eng.sync_weights(versions[1], 1)  # already served
         assert eng.sync_weights(versions[2], 2)
-        assert eng._group is group  # same members: the group is kept
+        assert eng.weight_sync.group is group  # same members: the group is kept
         for p in ports:
             np.testing.assert_allclose(_logits(p), _jax_logits(graphdef, versions[2]), atol=LOGITS_ATOL)
             assert _get(p, "/get_server_info")["weight_version"] == "2"
@@ -201,7 +201,7 @@ def test_broadcast_reaches_every_server_reuses_the_group_and_regroups_after_a_ki
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait()
         assert eng.sync_weights(versions[3], 3)
-        assert eng._group is not group and eng._group_members == (0,)  # regrouped without the dead one
+        assert eng.weight_sync.group is not group and eng.weight_sync.members == (0,)  # regrouped without the dead one
         np.testing.assert_allclose(_logits(ports[0]), _jax_logits(graphdef, versions[3]), atol=LOGITS_ATOL)
         assert eng.servers[0].ready and eng.servers[0].version == 3 and not eng.servers[1].ready
     finally:
@@ -216,7 +216,7 @@ def test_a_tensor_parallel_server_gets_a_rank_per_tp_worker(stand_ins, tmp_path)
     eng = _engine(ports, tmp_path)
     try:
         assert eng.sync_weights(params, 1)
-        assert eng._group.world_size == 4
+        assert eng.weight_sync.group.world_size == 4
         want = {t.name: float(np.asarray(t.value, np.float64).sum()) for t in hf_tensors(CK, params)}
         ranks = _get(ports[0], "/stand_in/tp_checksums")["ranks"]
         assert len(ranks) == 2

@@ -138,7 +138,7 @@ def test_abort_stops_running_generation_and_server_keeps_serving(engine, model):
         await client.abort("abort-me")
         return await asyncio.wait_for(req, 60)
 
-    body = engine._call(abort_one())
+    body = engine.pool.call(abort_one())
     assert body["meta_info"]["finish_reason"]["type"] == "abort"
     assert body["meta_info"]["completion_tokens"] < 120
 
@@ -164,7 +164,7 @@ def test_pause_and_continue_generation(engine, model):
         await client.continue_generation()
         return was_done, await asyncio.wait_for(req, 120)
 
-    was_done, body = engine._call(paused(engine._call(timed())))
+    was_done, body = engine.pool.call(paused(engine.pool.call(timed())))
     assert not was_done
     meta = body["meta_info"]
     assert meta["completion_tokens"] == 120 and meta["finish_reason"]["type"] == "length"
