@@ -207,9 +207,8 @@ class Pipeline:
 
     def abort(self) -> None:
         """On a stop signal: cut in-flight generation short (SGLang requests) instead of finishing it."""
-        abort = getattr(self.engine, "abort", None)
-        if abort is not None:
-            abort()
+        if self.engine is not None:
+            self.engine.abort()
 
     # -- what the learner loop calls ------------------------------------------------------------
     def publish(self, params, version: int) -> None:

@@ -299,8 +299,8 @@ def _generation_meter(cfg, pipe: Pipeline, actor_engine, begin):
         m["actors/samples"] = before + pm.pop("actors/samples_received")
         m.update(pm)
         m["queue/depth"] = pipe.queue.qsize()  # groups waiting for the learner (sinks: Prometheus)
-        if getattr(actor_engine, "name", "") == "sglang":  # SGLang in this process (actor threads): cumulative counters
-            m.update({f"sglang/{k}": v for k, v in dataclasses.asdict(actor_engine.stats).items()})
+        # the engine's own counters (SGLang in this process, for actor threads: cumulative; the built-in: none)
+        m.update({f"{actor_engine.name}/{k}": v for k, v in actor_engine.counters().items()})
         last.update(t=now, tokens=tokens)
         return Generation(wall_time=now, tokens_per_second=m["actors/tokens_per_second"],
                           generate_seconds=m["actors/generate_seconds"], concurrency=m["actors/concurrency"])
