@@ -20,6 +20,38 @@ STATUS_FILE = "status.json"
 STOP_FILE = "stop"
 KEYS_DIR = "keys"
 ACTOR_KEY_FILES = ("server.key", "client.key", "client.key_secret")  # what `cadence actor --keys` reads
+EXIT_CONFIG, EXIT_FINISHED = 2, 3  # as `cadence train`: a bad config, a run that already finished
+
+
+def learner_exit(code: int, lost: str) -> str:
+    """The outcome of learner process 0's exit status (0 is "finished"): "config" and "already
+    finished" end a launch, anything else (`lost`, e.g. "learner-0 exited with 1") restarts it."""
+    if code == 0:
+        return "finished"
+    return {EXIT_CONFIG: "config", EXIT_FINISHED: "already finished"}.get(code, lost)
+
+
+def end_or_restart(driver, outcome: str, what: str) -> int | None:
+    """Every launcher's one rule for a learner that ended: the exit status to end the launch with
+    (0 finished or stopped, 2/3 as `cadence train`, 1 when launch.max_restarts restarts are spent),
+    or None after counting one more restart from the newest checkpoint. driver: a launcher's
+    driver (state, learner_restarts, launch, run_dir, message); what: "learner group", ..."""
+    if outcome in ("finished", "stopped"):
+        driver.state = outcome
+        return 0
+    if outcome in ("config", "already finished"):
+        driver.state = "failed"
+        driver.message(f"the learner exited: {outcome} (see {driver.run_dir}/logs/learner-0.log); not restarting")
+        return EXIT_CONFIG if outcome == "config" else EXIT_FINISHED
+    driver.learner_restarts += 1
+    if driver.learner_restarts > driver.launch.max_restarts:
+        driver.state = "failed"
+        driver.message(f"the learner failed {driver.learner_restarts} times (launch.max_restarts="
+                       f"{driver.launch.max_restarts}); giving up")
+        return 1
+    driver.message(f"{what} lost ({outcome}); restart {driver.learner_restarts}/"
+                   f"{driver.launch.max_restarts} from the newest checkpoint")
+    return None
 
 
 def launch_dir(run_dir: str) -> str:

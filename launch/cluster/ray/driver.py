@@ -39,7 +39,6 @@ from cadence.launch.cluster.ray.fleet import ActorFleet, LogGatherer
 from cadence.launch.cluster.ray.learner_hosts import LearnerGroup
 from cadence.launch.config_loader import to_dict
 
-EXIT_CONFIG, EXIT_FINISHED = 2, 3  # as `cadence train`: a bad config, a run that already finished
 POLL_S = 0.5
 
 
@@ -99,29 +98,14 @@ class RayDriver:
                 return 1
             self.state = "running"
             outcome = self._watch_group()
-            if outcome == "finished":
-                self.state = "finished"
-                self._print_summary()
-                return 0
-            if outcome == "stopped":
-                self.state = "stopped"
-                self._print_summary()
-                return 0
-            if outcome in ("config", "already finished"):
-                self.state = "failed"
-                self.message(f"the learner exited: {outcome} (see {self.run_dir}/logs/learner-0.log); not restarting")
-                return EXIT_CONFIG if outcome == "config" else EXIT_FINISHED
             if outcome == "grow":
                 size, wait = self.target, self.launch.elastic_timeout_s
                 continue
-            self.learner_restarts += 1
-            if self.learner_restarts > self.launch.max_restarts:
-                self.state = "failed"
-                self.message(f"the learner failed {self.learner_restarts} times (launch.max_restarts="
-                             f"{self.launch.max_restarts}); giving up")
-                return 1
-            self.message(f"learner group lost ({outcome}); restart {self.learner_restarts}/"
-                         f"{self.launch.max_restarts} from the newest checkpoint")
+            code = launch_state.end_or_restart(self, outcome, "learner group")
+            if code is not None:
+                if code == 0:
+                    self._print_summary()
+                return code
             size, wait = self.target, self.launch.elastic_timeout_s
 
     # -- the learner group ------------------------------------------------------------------
@@ -153,10 +137,9 @@ class RayDriver:
                 return f"learner-{lost[0]} unreachable (its node or host died)"
             if codes[0] is not None:
                 g.end(self.logs)
-                if codes[0] == 0:
-                    return "grow" if g.asked_to_stop else "finished"
-                fatal = {EXIT_CONFIG: "config", EXIT_FINISHED: "already finished"}
-                return fatal.get(codes[0], f"learner-0 exited with {codes[0]}")
+                if codes[0] == 0 and g.asked_to_stop:
+                    return "grow"
+                return launch_state.learner_exit(codes[0], f"learner-0 exited with {codes[0]}")
             bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
             if bad:
                 g.end(self.logs)

@@ -30,7 +30,6 @@ from cadence.launch.artifacts import ENDPOINT_FILE
 from cadence.launch.cluster import launch_state
 from cadence.launch.cluster.slurm import steps as slurm
 
-EXIT_CONFIG, EXIT_FINISHED = 2, 3
 POLL_S = 0.5
 ACTOR_BACKOFF_S = 1.0
 
@@ -132,21 +131,9 @@ class SlurmJob:
             self.learner = self._start_learner()
             self.state = "running"
             outcome = self._watch()  # the actors stay: they rejoin a restarted learner at its address
-            if outcome in ("finished", "stopped"):
-                self.state = outcome
-                return 0
-            if outcome in ("config", "already finished"):
-                self.state = "failed"
-                self.message(f"the learner exited: {outcome} (see {self.run_dir}/logs/learner-0.log); not restarting")
-                return EXIT_CONFIG if outcome == "config" else EXIT_FINISHED
-            self.learner_restarts += 1
-            if self.learner_restarts > self.launch.max_restarts:
-                self.state = "failed"
-                self.message(f"the learner failed {self.learner_restarts} times (launch.max_restarts="
-                             f"{self.launch.max_restarts}); giving up")
-                return 1
-            self.message(f"learner step lost ({outcome}); restart {self.learner_restarts}/"
-                         f"{self.launch.max_restarts} from the newest checkpoint")
+            code = launch_state.end_or_restart(self, outcome, "learner step")
+            if code is not None:
+                return code
 
     def _watch(self) -> str:
         g, last_slow = self.learner, 0.0
@@ -155,10 +142,7 @@ class SlurmJob:
                 return self._stop_learner(g)
             code = g.proc.poll()
             if code is not None:
-                if code == 0:
-                    return "finished"
-                return {EXIT_CONFIG: "config", EXIT_FINISHED: "already finished"}.get(
-                    code, f"the learner step exited with {code}")
+                return launch_state.learner_exit(code, f"the learner step exited with {code}")
             endpoint = self._endpoint(g)
             if endpoint and endpoint != self.endpoint:
                 if self.actors:
