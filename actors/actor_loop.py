@@ -161,9 +161,7 @@ class Actor:
                 if grant.session != session:  # a new learner session
                     restarted = bool(session)
                     session = grant.session
-                    reset = getattr(self.weights, "reset", None)
-                    if reset is not None:  # the resumed run may be older than the weights we hold
-                        reset()
+                    self.weights.reset()  # the resumed run may be older than the weights we hold
                     if restarted:  # so may the weights our servers serve
                         self.engine.forget_weights()
                 prompts = self.prompts_for(grant)

@@ -34,6 +34,9 @@ class InProcessWeights:
     def ensure(self, version: int) -> None:
         """The actor needs at least `version`: in one process the newest is always at hand."""
 
+    def reset(self) -> None:
+        """A new learner session: nothing to forget, this store is the learner's own."""
+
     def latest(self) -> tuple[Any, int]:
         with self._lock:
             return self._params, self._version
