@@ -194,7 +194,7 @@ class Dispatcher:
         s = self.settings
         return Welcome(session=self.session, config=s.config, weights_endpoint=s.weights_endpoint,
                        version=self.version_fn(), heartbeat_seconds=s.heartbeat_seconds,
-                       concurrency=self.concurrency)
+                       heartbeat_timeout_seconds=s.heartbeat_timeout_seconds, concurrency=self.concurrency)
 
     def _group(self, rec: ActorRecord, group: RolloutGroup) -> list[tuple[Peer, Any]]:
         granted = rec.grants.get(group.grant_id)

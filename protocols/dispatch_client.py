@@ -271,6 +271,9 @@ class DispatcherClient:
                 self.welcome, self.session = msg, msg.session
                 self.learner_version = msg.version
                 self.concurrency = msg.concurrency
+                # the run's heartbeat settings, from its learner (an actor process knows no config before)
+                self.heartbeat_seconds = msg.heartbeat_seconds
+                self.learner_timeout_seconds = msg.heartbeat_timeout_seconds or self.learner_timeout_seconds
                 self._welcomed.set()
             elif isinstance(msg, Grant):
                 self.learner_version = max(self.learner_version, msg.version)

@@ -370,6 +370,8 @@ class Welcome(_Message, kw_only=True, tag="welcome"):
     version: int  # newest policy version now
     heartbeat_seconds: float  # how often each side sends a Heartbeat
     concurrency: int  # prompts per engine call the controller wants now
+    # silence after which each side counts the other gone (0: an older dispatcher did not say)
+    heartbeat_timeout_seconds: float = 0.0
 
     def validate(self) -> None:
         _check_nonempty("Welcome", session=self.session)

@@ -244,8 +244,6 @@ def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log, sglang_urls=
         engine = sglang_engine(cfg, policy, work_dir)
         where = ", ".join(sglang_urls) if sglang_urls else f"{cfg.actors.sglang.num_servers} launched here"
         log(f"{actor_id}: SGLang servers: {where} (sync {cfg.actors.sglang.sync}, files in {work_dir})")
-    client.heartbeat_seconds = cfg.actors.heartbeat_seconds
-    client.learner_timeout_seconds = cfg.actors.heartbeat_timeout_seconds
     weights = RemoteWeights(lambda endpoint: WeightClient(endpoint, ctx=ctx, keys=keys), policy.params,
                             endpoint_fn=lambda: client.welcome.weights_endpoint)
     log(f"{actor_id}: joined session {welcome.session} (task {task.name}, {cfg.learner.group_size} completions "

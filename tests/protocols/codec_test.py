@@ -17,7 +17,7 @@ from cadence.protocols.errors import (
     ProtocolError,
     SchemaVersionMismatch,
 )
-from cadence.protocols.messages import Control, EngineTimings, Grant, RolloutGroup, WeightsPublished
+from cadence.protocols.messages import Control, EngineTimings, Grant, RolloutGroup, WeightsPublished, Welcome
 from cadence.protocols.ragged import Ragged
 
 
@@ -311,6 +311,15 @@ class _GrantBefore(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", 
     min_version: int
 
 
+class _WelcomeBefore(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="welcome"):
+    session: str
+    config: dict
+    weights_endpoint: str
+    version: int
+    heartbeat_seconds: float
+    concurrency: int
+
+
 def test_messages_of_the_previous_shape_still_decode_both_ways():
     # Control lost two optional fields and Grant gained one, without a schema bump: an older
     # peer's messages decode here, and ours decode there.
@@ -324,3 +333,10 @@ def test_messages_of_the_previous_shape_still_decode_both_ways():
     ours = msgspec.msgpack.decode(encode(Grant(grant_id="s-1", prompt_indices=[1], prompt_ids=["t/train/1"],
                                                version=3, min_version=2, session="s")))
     assert msgspec.convert(ours[2], _GrantBefore).grant_id == "s-1"
+    # Welcome gained the learner's heartbeat timeout: 0 from an older dispatcher (the actor keeps its own)
+    old_welcome = _WelcomeBefore(session="s", config={}, weights_endpoint="", version=0, heartbeat_seconds=1.0,
+                                 concurrency=4)
+    assert decode(envelope(msgspec.to_builtins(old_welcome))).heartbeat_timeout_seconds == 0.0
+    ours = msgspec.msgpack.decode(encode(Welcome(session="s", config={}, weights_endpoint="", version=0,
+                                                 heartbeat_seconds=1.0, concurrency=4, heartbeat_timeout_seconds=9.0)))
+    assert msgspec.convert(ours[2], _WelcomeBefore).concurrency == 4

@@ -61,6 +61,18 @@ def client(ctx, endpoint, name, **kw):
     return DispatcherClient(endpoint, name, 4, ctx=ctx, heartbeat_seconds=0.1, learner_timeout_seconds=1.0, **kw).start()
 
 
+def test_an_actor_takes_the_run_s_heartbeat_settings_from_its_welcome(ctx):
+    # An actor process knows no config before it joins: the learner's Welcome carries them.
+    learner = Learner(ctx, heartbeat_seconds=0.05, heartbeat_timeout_seconds=2.5)
+    c = DispatcherClient(learner.server.endpoint, "late", 4, ctx=ctx).start()  # defaults: 1 s and 10 s
+    try:
+        assert c.wait_welcome(5) is not None
+        assert (c.heartbeat_seconds, c.learner_timeout_seconds) == (0.05, 2.5)
+    finally:
+        c.close()
+        learner.server.stop()
+
+
 def test_threads_and_processes_speak_the_same_protocol(ctx):
     learner = Learner(ctx)
     stop = threading.Event()
