@@ -87,10 +87,13 @@ class ActorSupervisor:
         if early and self.config is not None:
             self._tell(c, {"config": self.config})
 
-    def connect(self, endpoint: str) -> None:
-        """The dispatcher is up: processes waiting on stdin join it; restarts connect directly."""
+    def connect(self, endpoint: str, on_exit: Callable[[str, str], None] | None = None) -> None:
+        """The dispatcher is up: processes waiting on stdin join it; restarts connect directly.
+        on_exit: told of every unasked exit from now on (before, no process had joined anything)."""
         with self._lock:
             self.endpoint = endpoint
+            if on_exit is not None:
+                self.on_exit = on_exit
             for c in self.children:
                 if c.proc is not None and c.proc.stdin is not None:
                     self._tell(c, {"connect": endpoint})

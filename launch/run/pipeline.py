@@ -121,8 +121,6 @@ class Pipeline:
             self.actors.append(Actor(actor_id, engine, task, client, weights, cfg.learner.group_size,
                                      a.prompts_per_call, a.seed, scorer=scorer, envs=envs))
             self._thread_ids.add(actor_id)
-        if supervisor is not None:
-            supervisor.on_exit = self._process_exited
 
     def _endpoints(self, listen: str) -> tuple[str, str]:
         """Where to listen: `ipc://` alone is a socket in RUN_DIR/sockets (0700; the same path on a
@@ -158,7 +156,7 @@ class Pipeline:
             t.start()
             self._threads.append(t)
         if self.supervisor is not None:  # the processes prepared meanwhile: now they join
-            self.supervisor.connect(self.endpoint)
+            self.supervisor.connect(self.endpoint, on_exit=self._process_exited)
         return self
 
     def _run_thread(self, actor: Actor) -> None:
