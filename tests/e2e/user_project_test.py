@@ -121,3 +121,14 @@ def test_the_wheel_claims_one_top_level_name(tmp_path):
     assert "cadence/actors/tasks/data/math_sample.jsonl" in names
     entry = zipfile.ZipFile(wheel).read(f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info/entry_points.txt").decode()
     assert "cadence = cadence.launch.cli:main" in entry
+
+
+def test_examples_and_the_task_guide_use_only_the_public_api():
+    import re
+
+    internal = re.compile(r"^\s*(from|import)\s+(cadence\.\w|protocols\b|learner\b|actors\b|launch\b)", re.M)
+    paths = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(IMPORT_ROOT, "examples")) for f in fs
+             if f.endswith((".py", ".md"))] + [os.path.join(IMPORT_ROOT, "docs", "tasks.md")]
+    offenders = [(os.path.relpath(p, IMPORT_ROOT), m.group(0).strip()) for p in paths
+                 for m in internal.finditer(open(p).read())]
+    assert len(paths) > 5 and offenders == []
