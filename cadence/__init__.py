@@ -32,10 +32,12 @@ import os
 
 # In a source checkout the rooms are folders beside this one (the repository keeps learner/,
 # actors/, protocols/ and launch/ at its top); an installed wheel maps them under cadence/ through
-# pyproject's package-dir. Searching the checkout root too makes `cadence.learner` resolve to
+# setup.py's package_dir. Searching the checkout root too makes `cadence.learner` resolve to
 # ./learner when the checkout is run without installing (PYTHONPATH=., a worktree, a child process).
 _checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.isfile(os.path.join(_checkout, "learner", "__init__.py")) and _checkout not in __path__:
+# Only a checkout (setup.py beside the rooms): an installed cadence never searches site-packages.
+_in_checkout = all(os.path.isfile(os.path.join(_checkout, *p)) for p in (("setup.py",), ("learner", "__init__.py")))
+if _in_checkout and _checkout not in __path__:
     __path__.append(_checkout)
 
 # Public name -> module that defines it. Imported on first use, so `import cadence` stays cheap
