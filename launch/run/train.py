@@ -23,7 +23,6 @@ from cadence.actors.evaluation import evaluate_heldout
 from cadence.actors.prompt_stream import PromptStream
 from cadence.actors.rewards import make_scorer
 from cadence.actors.tasks.base import is_multi_turn
-from cadence.actors.tasks.registry import make_task
 from cadence.launch import artifacts, compile_cache
 from cadence.launch.run import run_state
 from cadence.launch.config_loader import ConfigError, to_dict
@@ -99,7 +98,7 @@ def train(cfg: Config, run_dir: str | None = None, *, resume: str = "no", wrap_t
     early = start_actor_processes(cfg, run_dir, progress.message, config_dict=to_dict(cfg)) \
         if cfg.actors.processes and procs.group.is_leader else None
     try:
-        learner = _build_learner(cfg, procs, run_dir, resume, resuming, progress, wrap_train_step)
+        learner = _build_learner(cfg, procs, run_dir, resume, resuming, progress, wrap_train_step, resolved.task)
         if not isinstance(learner, _Learner):
             return learner  # [sharded learner] a following process: its part of the run is over
         run = _build_run(cfg, run_dir, procs, learner, progress, early, controller)
@@ -132,11 +131,11 @@ class _Learner:
 
 
 def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: str, resuming: bool,
-                   progress: Progress, wrap_train_step) -> _Learner | dict:
-    """Model, task, train step, checkpointer and the state to start from (restored or warmed up).
-    A following process of a sharded learner runs its whole part here and returns its summary."""
+                   progress: Progress, wrap_train_step, task) -> _Learner | dict:
+    """Model, train step, checkpointer and the state to start from (restored or warmed up), for
+    the task preflight built (a dataset is read once). A following process of a sharded learner
+    runs its whole part here and returns its summary."""
     policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
-    task = make_task(cfg.task, policy.tokenizer)
     L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
     if cfg.learner.microbatch_tokens > 0:  # packed rows are L long: the budget must hold whole rows
         try:
