@@ -11,7 +11,8 @@ LEARNER = LearnerConfig(batch_size=128, microbatch_size=16, group_size=8)
 
 
 class Curve:
-    """A fixed throughput curve (samples/s) standing in for a fitted model."""
+    """A fixed throughput curve (samples/s) standing in for a fitted model (a constructor argument
+    of BatchSizeController; tests/learner/controller_interface_test.py uses it too)."""
 
     def __init__(self, fn):
         self.fn = fn
@@ -26,6 +27,12 @@ class Curve:
         return None
 
     cost = curve
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
 
 
 class Noise:

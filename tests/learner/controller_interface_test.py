@@ -18,33 +18,10 @@ from cadence.learner.controller import (
     holding_controller,
     make_controller,
 )
+from tests.learner.controller_decision_test import Curve
 
 LEARNER = LearnerConfig(batch_size=128, microbatch_size=16, group_size=8)
 MULTIPLE = math.lcm(8, 16)
-
-
-class Curve:
-    """A fixed throughput curve (samples/s) standing in for a fitted model (a constructor argument)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def observe(self, *args):
-        pass
-
-    def predict(self, x):
-        return self.fn(x)
-
-    def curve(self):
-        return None
-
-    cost = curve
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
 
 
 class Actors:
