@@ -29,6 +29,7 @@ def start_launch(kind, args, run_dir, *overrides, env=None) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "cadence.launch.cli", "launch", kind, *args,
                              f"run.dir={run_dir}", *overrides], stdout=subprocess.PIPE, stderr=log, text=True,
                             env=env, cwd=ROOT)
+    proc.run_dir = run_dir  # for wait_for's report when the driver dies
     DRIVERS.append(proc)
     return proc
 
@@ -65,7 +66,15 @@ def status(run_dir) -> dict:
 
 
 def wait_for(pred, timeout, what, proc=None):
-    return waiting.wait_for(pred, timeout, what, proc, interval=1.0)  # status reads are slow: poll gently
+    try:
+        return waiting.wait_for(pred, timeout, what, proc, interval=1.0)  # status reads are slow: poll gently
+    except AssertionError as e:  # the driver's stderr and the processes' logs are files: say what they said
+        run_dir = getattr(proc, "run_dir", None)
+        if run_dir is None:
+            raise
+        log = os.path.join(os.path.dirname(run_dir), "driver.log")
+        driver = open(log, errors="replace").read()[-4000:] if os.path.exists(log) else ""
+        raise AssertionError(f"{e}\n--- driver.log\n{driver}{_logs(run_dir)}") from None
 
 
 def node_ids(st) -> dict:
