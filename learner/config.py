@@ -69,6 +69,13 @@ class GRPOConfig:
     # reached it in 55k / 60k / 96k samples; the built-in default run needs the same samples
     # (docs/results/fixture_defaults.md). It costs the exact entropy, computed chunk by chunk.
     entropy_coef: float = 0.01
+    # Which tokens the bonus acts on: "signal" (those of samples with a nonzero advantage, i.e.
+    # whose group's rewards differ; divided by all tokens, so the bonus shrinks with the share of
+    # groups that carry a signal) or "all" (every completion token). "signal" because from SmolLM2
+    # under a sparse reward most groups are all-wrong, the bonus was then their only gradient, and
+    # it raised entropy and cost held-out accuracy (examples/smollm2-word-problems/README.md);
+    # under the fixture's partial credit nearly every group has a signal and nothing changes.
+    entropy_scope: Literal["signal", "all"] = "signal"
     # Which std divides the group-centered rewards when scale_by_std: each group's own ("group",
     # GRPO) or the std of all centered rewards of the batch ("batch", robust to easy prompts).
     std_scope: Literal["group", "batch"] = "group"
@@ -103,6 +110,7 @@ class GRPOConfig:
         _check_choice("behavior_logprobs", self.behavior_logprobs, ("full", "nucleus"))
         if self.entropy_coef < 0:
             raise ValueError(f"entropy_coef: must be >= 0, got {self.entropy_coef}")
+        _check_choice("entropy_scope", self.entropy_scope, ("signal", "all"))
         _check_choice("std_scope", self.std_scope, ("group", "batch"))
         _check_choice("aggregation", self.aggregation,
                       ("token_mean", "seq_mean_token_mean", "seq_sum_norm"))

@@ -342,6 +342,8 @@ def grpo_token_loss(
     """The GRPO-family loss of a (micro)batch: clipped surrogate, correction, aggregation.
 
     loss = -AGG_t[w_t * min(r_t A_t, clip(r_t) A_t)] - entropy_coef * mean entropy
+    (the entropy's mean over every completion token, counted only on tokens whose advantage is
+    nonzero when cfg.entropy_scope is "signal")
     (for A_t < 0 the min is floored at dual_clip * A_t when cfg.dual_clip > 0)
     with (r, w) from importance_ratio_and_weight (cfg.correction, cfg.importance_level) and AGG
     the aggregation cfg.aggregation (default token_mean: sum over masked tokens / num_tokens).
@@ -353,8 +355,8 @@ def grpo_token_loss(
         (packed rows: each token carries its sequence's advantage).
       loss_mask: [B, T] 1.0 on completion tokens, 0 elsewhere (prompt, padding, padding rows).
       num_tokens: the GLOBAL number of completion tokens of the whole batch (all microbatches).
-      cfg: GRPOConfig (clip_low, clip_high, dual_clip, correction, is_cap, entropy_coef, aggregation,
-        aggregation_constant, importance_level are read).
+      cfg: GRPOConfig (clip_low, clip_high, dual_clip, correction, is_cap, entropy_coef,
+        entropy_scope, aggregation, aggregation_constant, importance_level are read).
       entropy: optional [B, T] per-token entropy; enables the entropy metric and bonus (the train
         steps compute it only when cfg.entropy_coef > 0: it needs the full [B, T, V] softmax).
       proximal_logprobs: optional [B, T] log-probs of the proximal policy for "decoupled";
@@ -416,7 +418,10 @@ def grpo_token_loss(
     if entropy is not None:
         mean_entropy = token_sum(entropy, mask, num_tokens)
         if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * mean_entropy
+            bonus = mean_entropy
+            if getattr(cfg, "entropy_scope", "all") == "signal":  # only where the policy gradient acts
+                bonus = token_sum(entropy, mask * (advantages != 0), num_tokens)
+            loss = loss - cfg.entropy_coef * bonus
         metrics["entropy"] = sg(mean_entropy)
     metrics.update(mismatch_metrics(sg(logprobs), behavior_logprobs, mask, num_tokens))
     metrics["loss"] = sg(loss)

@@ -57,7 +57,8 @@ def np_loss_and_grad(lp, blp, adv, mask, n, cfg, prox=None, entropy=None):
     dsurr = np.where(binding, 0.0, a * r)
     grad = -w * dsurr * mask / n
     if entropy is not None:
-        loss -= cfg.entropy_coef * np.sum(entropy * mask) / n
+        on = mask * (a != 0) if cfg.entropy_scope == "signal" else mask
+        loss -= cfg.entropy_coef * np.sum(entropy * on) / n
     return loss, grad, binding
 
 
@@ -270,6 +271,25 @@ def test_entropy_bonus_and_metric():
     np.testing.assert_allclose(np.asarray(d_ent), -0.1 * MASK / N, rtol=1e-6)
     loss0, _ = _jax_loss(_cfg(entropy_coef=0.0), entropy=jnp.asarray(ent))
     np.testing.assert_allclose(float(loss0), float(metrics["pg_loss"]), atol=1e-7)
+
+
+@pytest.mark.parametrize("scope", ["signal", "all"])
+def test_entropy_bonus_acts_only_where_the_advantage_does(scope):
+    # sample 1's group had equal rewards (advantage exactly 0): under "signal" the bonus skips its
+    # tokens, so they get no gradient at all; the metric still averages every token
+    adv = ADV.copy()
+    adv[1] = 0.0
+    cfg = _cfg(entropy_coef=0.1, entropy_scope=scope)
+    ent = np.random.default_rng(2).random(LP.shape).astype(np.float32)
+    (loss, metrics), d_ent = jax.value_and_grad(
+        lambda e: _jax_loss(cfg, adv=adv, entropy=e), has_aux=True)(jnp.asarray(ent))
+    ref_loss, _, _ = np_loss_and_grad(LP, BLP, adv, MASK, N, cfg, entropy=ent)
+    np.testing.assert_allclose(float(loss), ref_loss, atol=1e-6)
+    on = MASK.copy()
+    if scope == "signal":
+        on[1] = 0.0
+    np.testing.assert_allclose(np.asarray(d_ent), -0.1 * on / N, rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["entropy"]), np.sum(ent * MASK) / N, rtol=1e-6)
 
 
 def test_mismatch_metrics_match_numpy():
