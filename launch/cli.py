@@ -62,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--target", default=None, help="target score, or 'auto'")
     x.add_argument("--metric", default=None, choices=["eval/reward", "eval/exact_match"])
     x.add_argument("--concurrencies", type=int, nargs="+", default=None, help="throughput: prompts per call")
+    x.add_argument("--pipeline-batch-sizes", type=int, nargs="+", default=None,
+                   help="throughput: also time the whole pipeline X(B) with a short real run per batch size")
+    x.add_argument("--pipeline-updates", type=int, default=None,
+                   help="throughput: updates of each pipeline run (update 1 compiles, the rest are timed)")
     x.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the base training config")
     a = sub.add_parser("actor", help="join a running learner as an actor process (this host or another)")
     a.add_argument("--connect", required=True, metavar="ENDPOINT",
@@ -203,7 +207,9 @@ def cmd_experiment(args) -> int:
             "scalings": tuple(args.scalings) if args.scalings else None,
             "seeds": tuple(args.seeds) if args.seeds else None, "max_samples": args.max_samples,
             "eval_samples": args.eval_samples, "target": args.target, "metric": args.metric,
-            "concurrencies": tuple(args.concurrencies) if args.concurrencies else None}
+            "concurrencies": tuple(args.concurrencies) if args.concurrencies else None,
+            "pipeline_batch_sizes": tuple(args.pipeline_batch_sizes) if args.pipeline_batch_sizes else None,
+            "pipeline_updates": args.pipeline_updates}
     try:
         results = run_experiment(args.name, cfg, args.out, args.quick,
                                  log=lambda msg: print(msg, file=sys.stderr, flush=True), **opts)

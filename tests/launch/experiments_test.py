@@ -6,6 +6,7 @@ import pytest
 
 from cadence.launch.cli import main, split_overrides
 from cadence.launch.experiments import batch_invariance, common
+from cadence.launch.metrics import read_metrics
 
 
 def record(b, scaling, seed, values, step=64):
@@ -161,12 +162,29 @@ def test_throughput_quick_end_to_end(tmp_path, capsys):
     """Measured rates for every concurrency and batch size, each over >= 2 timed calls, the fitted
     curves, and the report and plot that show them."""
     out = tmp_path / "tput"
-    assert main(["experiment", "throughput", "--quick", "--out", str(out)]) == 0
+    assert main(["experiment", "throughput", "--quick", "--out", str(out), "--pipeline-batch-sizes", "16", "32",
+                 "--pipeline-updates", "3"]) == 0
     results = json.loads((out / "results.json").read_text())
     gen, learn = results["points"]["generation"], results["points"]["learner"]
     assert [p["concurrency"] for p in gen] == [1, 2, 4, 8]
     assert [p["batch_size"] for p in learn] == [16, 32, 64]
     for p in gen + learn:
         assert p["calls"] >= 2 and p["samples_per_second"] > 0 and p["tokens_per_second"] > 0
+    # X(B) from real runs: each trained 3 updates at its batch size, the last one timed
+    pipe = results["points"]["pipeline"]
+    assert [p["batch_size"] for p in pipe] == [16, 32]
+    for p in pipe:
+        run = out / "runs" / f"pipeline-b{p['batch_size']}"
+        steps = [m for m in read_metrics(str(run)) if "learner/train_seconds" in m]
+        assert [m["batch_size"] for m in steps] == [p["batch_size"]] * 3
+        assert p["updates_timed"] == 1 and p["samples_per_second"] > 0
+        assert p["seconds_per_update"] == pytest.approx(steps[2]["wall_time"] - steps[1]["wall_time"])
     assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
-    assert "Generation fit" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Generation fit" in report and "Pipeline X(B)" in report
+
+
+def test_throughput_pipeline_needs_three_updates(tmp_path, capsys):
+    assert main(["experiment", "throughput", "--quick", "--out", str(tmp_path / "t"), "--concurrencies", "1",
+                 "--batch-sizes", "8", "--pipeline-batch-sizes", "8", "--pipeline-updates", "2"]) == 2
+    assert "pipeline_updates: must be >= 3" in capsys.readouterr().err
