@@ -6,7 +6,10 @@ import pytest
 
 from cadence.launch.cli import main, split_overrides
 from cadence.launch.experiments import batch_invariance, common
+from cadence.launch.config import load_config
 from cadence.launch.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def record(b, scaling, seed, values, step=64):
@@ -188,3 +191,11 @@ def test_throughput_pipeline_needs_three_updates(tmp_path, capsys):
     assert main(["experiment", "throughput", "--quick", "--out", str(tmp_path / "t"), "--concurrencies", "1",
                  "--batch-sizes", "8", "--pipeline-batch-sizes", "8", "--pipeline-updates", "2"]) == 2
     assert "pipeline_updates: must be >= 3" in capsys.readouterr().err
+
+
+def test_the_smollm2_decision_rule_config_loads(tmp_path, monkeypatch):
+    # benchmarks/configs/smollm2_decision_rule.yaml is meant to be rerun on a GPU: it must keep loading
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = load_config([os.path.join(ROOT, "benchmarks", "configs", "smollm2_decision_rule.yaml")])
+    assert cfg.model.path == str(tmp_path / ".cache" / "cadence" / "smollm2-135m-instruct")
+    assert (cfg.task.name, cfg.task.max_ops, cfg.learner.batch_size // cfg.learner.group_size) == ("word_problems", 1, 4)
