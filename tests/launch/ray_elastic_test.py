@@ -75,7 +75,8 @@ def test_a_learner_of_four_continues_on_three_and_grows_back_to_four(cluster_up,
     proc = launch(cluster_up, run_dir, *SHORT, "learner.processes=4", "launch.learner_cpus=0.5",
                   "launch.learner_strategy=SPREAD", f"launch.actor_resources=[{HEAD_RESOURCE}=0.1]",
                   "launch.actor_cpus=0.5", "actors.processes=1", "learner.batch_size=32", "run.steps=5000",
-                  "launch.elastic_timeout_s=5", "launch.grow_check_s=3", "checkpoint.every_steps=2")
+                  "launch.elastic_timeout_s=5", "launch.grow_check_s=3", "checkpoint.every_steps=2",
+                  "run.resume_digest=true")
 
     def at(processes):
         s = status(run_dir)
