@@ -96,23 +96,29 @@ class LaunchConfig:
     actor_resources: tuple[str, ...] = ()  # custom resources per actor process, "name=amount"
     max_restarts: int = 3  # learner group restarts (from the newest checkpoint) before the job fails
     actor_max_restarts: int = -1  # Ray restarts of each actor process (-1 = unlimited)
+    # A crash loop: an actor process restarted more than actor_restart_budget times within
+    # actor_restart_window_s fails the run (exit 1) with that actor's last error from its log,
+    # instead of restarting forever while the learner starves (Ray; 0 = no budget).
+    actor_restart_budget: int = 5
+    actor_restart_window_s: float = 300.0
     elastic_timeout_s: float = 60.0  # after a learner loss, wait this long for its capacity, then continue on fewer
     min_learner_processes: int = 1  # never continue on fewer learner processes than this
     grow_check_s: float = 10.0  # a shrunk learner checks this often whether capacity returned (0 = never grow)
     place_timeout_s: float = 600.0  # the first placement of every process must succeed within this
     env: tuple[str, ...] = ()  # KEY=VALUE pairs added to every launched process's environment
+    actor_env: tuple[str, ...] = ()  # KEY=VALUE pairs for the actor processes only, after env (Ray)
     curve: bool = True  # generate CurveZMQ keys and hand them out through Ray (off only on loopback)
 
     def validate(self) -> None:
         for name in ("learner_cpus", "learner_gpus", "actor_cpus", "actor_gpus"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
-        for name in ("learner_resources", "actor_resources", "env"):
+        for name in ("learner_resources", "actor_resources", "env", "actor_env"):
             for i, entry in enumerate(getattr(self, name)):
                 key, sep, value = entry.partition("=")
                 if not sep or not key.strip():
                     raise ValueError(f"{name}[{i}]: expected NAME=VALUE, got {entry!r}")
-                if name != "env":
+                if name not in ("env", "actor_env"):
                     try:
                         float(value)
                     except ValueError:
@@ -123,6 +129,10 @@ class LaunchConfig:
             raise ValueError(f"max_restarts: must be >= 0, got {self.max_restarts}")
         if self.actor_max_restarts < -1:
             raise ValueError(f"actor_max_restarts: must be >= -1 (-1 = unlimited), got {self.actor_max_restarts}")
+        if self.actor_restart_budget < 0:
+            raise ValueError(f"actor_restart_budget: must be >= 0 (0 = no budget), got {self.actor_restart_budget}")
+        if not self.actor_restart_window_s > 0:
+            raise ValueError(f"actor_restart_window_s: must be > 0, got {self.actor_restart_window_s}")
         if self.min_learner_processes < 1:
             raise ValueError(f"min_learner_processes: must be >= 1, got {self.min_learner_processes}")
         for name in ("elastic_timeout_s", "grow_check_s"):

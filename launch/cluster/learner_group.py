@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable
 
 from cadence.launch.config_loader import ConfigError
-from cadence.learner import multihost, sharding
+from cadence.learner import multihost, row_plan, sharding
 from cadence.learner.leader import Follower, Leader
 from cadence.learner.models.llama import abstract_params
 
@@ -109,25 +109,27 @@ class LearnerProcesses:
     out_dtype: str | None  # dtype weights leave the learner in (master weights are float32)
     leader: Leader | None = None
     stopped: bool = False
+    # the learner config to build with: the run's, with the microbatch re-planned for this mesh
+    learner: Any = None
+    plan_notes: tuple[str, ...] = ()  # what the re-plan changed (logged by process 0)
 
     @classmethod
     def start(cls, cfg, model_cfg) -> "LearnerProcesses":
         """Joins the group (before any JAX work) and lays the model out on the mesh.
 
-        Raises ConfigError naming the key of a group or mesh that does not fit the devices."""
+        Raises ConfigError naming the key of a group or mesh that does not fit the devices. A
+        microbatch that does not split over the mesh's row devices is re-planned (plan_notes)."""
         try:
             group = multihost.join(cfg.learner.distributed)
             _, abstract = abstract_params(model_cfg)
             layout = sharding.make_layout(cfg.learner.mesh, abstract)
         except ValueError as e:  # their messages name the key
             raise ConfigError(str(e)) from None
-        if layout is not None:
-            for key, rows in (("learner.microbatch_size", cfg.learner.microbatch_size),
-                              ("learner.sft.batch_size", cfg.learner.sft.batch_size)):
-                if rows % layout.rows:
-                    raise ConfigError(f"{key}: {rows} rows do not split over data x fsdp = {layout.rows} devices")
+        # rows per device for the mesh this start got (an elastic restart may get fewer or more
+        # devices): a microbatch that splits over it, never a refusal (learner/row_plan.py)
+        plan = row_plan.plan_rows(cfg.learner, layout.rows if layout is not None else 1)
         out_dtype = model_cfg.param_dtype if cfg.learner.master_weights else None
-        return cls(group, layout, out_dtype)
+        return cls(group, layout, out_dtype, learner=plan.learner, plan_notes=plan.notes)
 
     # ---- process 0 ----
     def lead(self, params, train_step, checkpointer, sft_step) -> tuple[Any, Any, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import time
 
@@ -35,7 +36,7 @@ from cadence.actors.sglang.build import sglang_engine
 from cadence.learner.models.policy import build_policy, export_policy
 from cadence.launch.observe.sinks import open_sinks
 from cadence.launch.run.recorder import Recorder, arrays_of
-from cadence.learner import packing
+from cadence.learner import packing, row_plan
 from cadence.learner.checkpoint import Checkpointer
 from cadence.learner.controller import Generation, make_controller
 from cadence.learner.dynamic_sampling import make_group_filter
@@ -128,6 +129,8 @@ class _Learner:
     evaluate_params: object  # params -> eval metrics
     sft_metrics: dict
     seq_len: int
+    learner_cfg: object  # cfg.learner with the rows re-planned for this mesh (learner/row_plan.py)
+    plan_notes: tuple  # what that re-plan changed
 
 
 def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: str, resuming: bool,
@@ -137,20 +140,25 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     runs its whole part here and returns its summary."""
     policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
     L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
-    if cfg.learner.microbatch_tokens > 0:  # packed rows are L long: the budget must hold whole rows
+    rows = procs.layout.rows if procs.layout else 1
+    packed = row_plan.plan_packed_rows(procs.learner, L, rows)  # the same in every process
+    learner_cfg, plan_notes = packed.learner, procs.plan_notes + packed.notes
+    if learner_cfg.microbatch_tokens > 0:  # packed rows are L long: the budget must hold whole rows
         try:
-            packing.rows_per_microbatch(cfg.learner.microbatch_tokens, L, procs.layout.rows if procs.layout else 1)
+            packing.rows_per_microbatch(learner_cfg.microbatch_tokens, L, rows)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]
+    train_step = make_train_step(policy.graphdef, learner_cfg, procs.layout,  # [sharded learner]
                                  completion_budget=cfg.engine.max_new_tokens, temperature=cfg.engine.temperature)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
     logits_fn = llama_logits(policy.graphdef, cfg.learner.remat)
-    sft_step = SFTStep(logits_fn, cfg.learner.sft, procs.layout, logits_chunk=cfg.learner.logits_chunk)
+    sft_step = SFTStep(logits_fn, learner_cfg.sft, procs.layout, logits_chunk=cfg.learner.logits_chunk)
     if not procs.group.is_leader:
         return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params)
     train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)
+    for note in plan_notes:  # a mesh the configured rows do not split over: re-planned, not refused
+        progress.message(f"re-planned for data x fsdp = {rows} row devices: {note}")
     template = train_step.init(policy.params) if resuming else None
     begin = run_state.begin(cfg, run_dir, checkpointer, template and arrays_of(template), task, progress, resume,
                             resuming)
@@ -171,14 +179,15 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
                 params_sha256=artifacts.params_digest(procs.gather(state.params)),
                 learner_processes=procs.group.num_processes)
     else:  # warm up first: PPO's reference policy and critic trunk start from the weights RL starts from
-        params, sft_metrics = supervised_warmup(cfg, logits_fn, policy.params, begin.stream, L,
+        params, sft_metrics = supervised_warmup(dataclasses.replace(cfg, learner=learner_cfg), logits_fn,
+                                                policy.params, begin.stream, L,
                                                 policy.tokenizer.pad_id, progress, sft_step)  # [sharded learner]
         begin.ledger.warmup(begin.stream.position)
         state = train_step.init(params)
     if wrap_train_step is not None:
         train_step = wrap_train_step(train_step)
     return _Learner(policy, task, train_step, checkpointer, begin, state, engine, scorer, evaluate_params,
-                    sft_metrics, L)
+                    sft_metrics, L, learner_cfg, plan_notes)
 
 
 @dataclasses.dataclass
@@ -188,6 +197,7 @@ class _Run:
     pipe: Pipeline
     loop: LearnerLoop
     recorder: Recorder
+    on_step: object  # (step, state, metrics) -> stop?: the recorder's, the first record noting a re-plan
     sinks: object  # launch.observe.sinks: metrics.jsonl, loggers, Prometheus, heartbeat
     actor_engine: object  # the JaxEngine, or SGLang servers this process drives
 
@@ -199,9 +209,10 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
     policy, begin, state, G = learner.policy, learner.begin, learner.state, cfg.learner.group_size
     meta = begin.meta
     # The controller owns B, Adam's hyperparameters and the concurrency; the rest apply its course.
-    controller = controller or make_controller(cfg.controller, cfg.learner, cfg.actors)
+    controller = controller or make_controller(cfg.controller, learner.learner_cfg, cfg.actors)
     if begin.restored:
         _restore_controller(controller, meta)
+    refit = _fit_mesh(controller, learner, procs, progress)  # B in force that splits over this mesh
     course = controller.course()
     # SGLang servers here only for actor threads; actor processes drive servers of their own
     # (launch/cluster/actor_process.py), fed by the weight server like any actor process.
@@ -227,8 +238,8 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
             ("reward", record0["eval/reward"])
         progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
     loop = LearnerLoop(learner.train_step, pipe.queue, pipe.gate, pipe,
-                       LoopSettings(G, cfg.learner.microbatch_size, learner.seq_len,
-                                    policy.tokenizer.pad_id, cfg.learner.grpo, cfg.learner.microbatch_tokens),
+                       LoopSettings(G, learner.learner_cfg.microbatch_size, learner.seq_len,
+                                    policy.tokenizer.pad_id, cfg.learner.grpo, learner.learner_cfg.microbatch_tokens),
                        health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
                        ledger=begin.ledger, publish=publish,  # [sharded learner]
                        # its rates count from now: after the step-0 evaluation
@@ -237,10 +248,48 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
                        before_update=learner.checkpointer.wait,  # the update donates what a save may still read
                        samples=meta["samples"] if begin.restored else 0,
                        dropped=meta["dropped"] if begin.restored else None)
+    if refit is not None:  # Adam's rescale (and the concurrency) before the first update
+        learner.state = loop.apply(learner.state, refit)
     snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock)
     recorder = Recorder(cfg.run, sinks, progress, learner.evaluate_params, learner.checkpointer, begin.summary,
                         clock, snapshot, samples0=loop.samples)
-    return _Run(pipe, loop, recorder, sinks, actor_engine)
+    notes = [*learner.plan_notes, *([refit.reason] if refit is not None else [])]
+    return _Run(pipe, loop, recorder, _noting(recorder.on_step, "; ".join(notes)), sinks, actor_engine)
+
+
+def _fit_mesh(controller, learner: _Learner, procs: LearnerProcesses, progress: Progress):
+    """The controller's Decision moving the B in force (configured, or the checkpoint's) to a
+    multiple of group x the re-planned microbatch, with the scaling rule's Adam values; None
+    when it already is one. An elastic restart on fewer (or more) devices lands here."""
+    lc = learner.learner_cfg
+    multiple = math.lcm(lc.group_size, lc.microbatch_size)
+    b = controller.course().batch_size
+    rows = procs.layout.rows if procs.layout else 1
+    if not hasattr(controller, "fit"):  # a controller of the caller's own that cannot move B
+        if b % multiple:
+            raise ConfigError(f"learner.batch_size: {b} is not a multiple of group x microbatch = {multiple} on "
+                              f"data x fsdp = {rows} devices, and the controller given cannot refit it")
+        return None
+    decision = controller.fit(multiple, f"data x fsdp = {rows} devices, microbatch {lc.microbatch_size}, "
+                                        f"group {lc.group_size}")
+    if decision is not None:
+        progress.message(decision.reason)
+    return decision
+
+
+def _noting(on_step, note: str):
+    """on_step, with `note` added to the first record's controller/decision (a re-plan for the mesh
+    takes effect from the first update after a start)."""
+    if not note:
+        return on_step
+    pending = [note]
+
+    def noted(step, state, metrics):
+        if pending:
+            metrics["controller/decision"] = "; ".join(filter(None, (pending.pop(), metrics.get("controller/decision"))))
+        return on_step(step, state, metrics)
+
+    return noted
 
 
 def _drive(cfg: Config, run_dir: str, learner: _Learner, run: _Run, progress: Progress):
@@ -251,7 +300,7 @@ def _drive(cfg: Config, run_dir: str, learner: _Learner, run: _Run, progress: Pr
     with Lifecycle(cfg.checkpoint.signal_timeout_seconds, on_stop=[pipe.abort], message=progress.message) as life:
         pipe.start()
         try:
-            state = loop.run(learner.state, cfg.run.steps, on_step=run.recorder.on_step, stop=life.stop,
+            state = loop.run(learner.state, cfg.run.steps, on_step=run.on_step, stop=life.stop,
                              start_step=learner.begin.step0)
             preempted = life.signalled is not None
             pipe.stop(time.monotonic() + life.remaining(cap=30.0), finished=not preempted)

@@ -10,7 +10,7 @@ from cadence.learner.controller.interface import (
     GradientNorms,
     Observation,
 )
-from cadence.learner.controller.scaling import rescale, scaled_learner, scaled_optimizer
+from cadence.learner.controller.scaling import optimizer_hyper, rescale, scaled_learner, scaled_optimizer
 
 
 def make_controller(cfg: ControllerConfig, learner_cfg, actors_cfg) -> Controller:
@@ -23,7 +23,8 @@ def make_controller(cfg: ControllerConfig, learner_cfg, actors_cfg) -> Controlle
                                    concurrency=actors_cfg.prompts_per_call)
     if cfg.base_batch_size and cfg.base_batch_size != learner_cfg.batch_size:
         return holding_controller(cfg, learner_cfg, actors_cfg)
-    return FixedBatchSize(learner_cfg.batch_size, actors_cfg.prompts_per_call)
+    return FixedBatchSize(learner_cfg.batch_size, actors_cfg.prompts_per_call,
+                          optimizer_hyper(learner_cfg.optimizer), cfg.scaling)
 
 
 def holding_controller(cfg: ControllerConfig, learner_cfg, actors_cfg) -> BatchSizeController:

@@ -27,6 +27,7 @@ from cadence.learner.controller.interface import AdamHyperparams, Decision, Obse
 from cadence.learner.controller.noise import NoiseScaleEstimator
 from cadence.learner.controller.scaling import optimizer_hyper, rescale
 from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
+from cadence.learner.row_plan import nearest_multiple
 
 MAX_LOGGED = 1000  # decisions kept in the state dict
 
@@ -93,6 +94,23 @@ class BatchSizeController:
         if obs.step % self.cfg.window:
             return None
         return self.decide(obs.step)
+
+    def fit(self, multiple: int, reason: str) -> Decision | None:
+        """B to the nearest multiple of `multiple` (the interface's fit); logged with the decisions."""
+        self.multiple = multiple  # the candidates of later decisions split over the new mesh too
+        b, new = self.batch_size, nearest_multiple(self.batch_size, multiple)
+        if new == b:
+            return None
+        c_new = self.concurrency_for(new) if self.cfg.scale_concurrency else None
+        decision = Decision(batch_size=new, hyperparams=AdamHyperparams(**self.hyperparams_for(new)),
+                            concurrency=c_new, reason=f"refit B {b} -> {new}: {reason}; scaling {self.cfg.scaling}")
+        self.decisions.append({"step": None, "batch_size": b, "action": "refit", "reason": decision.reason,
+                               "new_batch_size": new, "new_concurrency": c_new})
+        del self.decisions[:-MAX_LOGGED]
+        self.batch_size = new
+        if c_new is not None:
+            self.concurrency = c_new
+        return decision
 
     def metrics(self) -> dict:
         return dict(self._metrics)

@@ -18,6 +18,8 @@ dispatcher hold what it decided and apply it; nobody else sets them.
     if decision is not None:                 # B to the loop and gate, Adam through inject_hyperparams,
         state = loop.apply(state, decision)  # concurrency to the dispatcher; nothing recompiles
 
+    decision = controller.fit(120, "mesh of 3 row devices")  # a restart on other devices: B 128 -> 120
+
     checkpoint_meta["controller"] = controller.state_dict()   # a resume: controller.load_state_dict(...)
 
 Implementations: BatchSizeController (learner/controller/controller.py: measures, decides by
@@ -102,6 +104,13 @@ class Controller(Protocol):
 
     def update(self, observation: Observation) -> Decision | None:
         """Measure one update; a Decision to change course (or a logged hold), else None."""
+        ...
+
+    def fit(self, multiple: int, reason: str) -> Decision | None:
+        """The learner's mesh changed and B must now be a multiple of `multiple` (group size x the
+        re-planned microbatch, learner/row_plan.py): the course moves to the nearest such B, with
+        the scaling rule's Adam values from the reference point; returns that Decision (applied
+        like any other, its reason logged as controller/decision), or None when B already fits."""
         ...
 
     def metrics(self) -> dict[str, Any]:

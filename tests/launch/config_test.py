@@ -57,6 +57,9 @@ def test_scientific_notation_and_lists():
     ("learner.logits_chunk=-1", "learner.logits_chunk"),
     ("learner.processes=0", "learner.processes"),
     ("learner.distributed.coordinator=nohost", "learner.distributed.coordinator"),
+    ("launch.actor_restart_budget=-1", "launch.actor_restart_budget"),
+    ("launch.actor_restart_window_s=0", "launch.actor_restart_window_s"),
+    ("launch.actor_env=[NOVALUE]", "launch.actor_env"),
 ])
 def test_bad_input_names_the_key(override, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):

@@ -11,11 +11,15 @@ ZeroMQ path (the dispatcher and the weight server). The driver:
      node runs the jax.distributed coordinator and the dispatcher; learner_hosts.py), then each
      of the `actors.processes` actor processes with its own one-bundle group (fleet.py);
   3. watches: an actor process that dies is restarted by Ray (its host exits with it) and
-     rejoins the dispatcher, which re-issues its prompts. A learner process that dies ends the
+     rejoins the dispatcher, which re-issues its prompts; one restarted more than
+     launch.actor_restart_budget times within launch.actor_restart_window_s is a crash loop,
+     which fails the run (exit 1) with its last error. A learner process that dies ends the
      whole learner group; the group starts again from the newest checkpoint (run.resume=auto),
      at most launch.max_restarts times. If the lost capacity does not come back within
      launch.elastic_timeout_s, the group continues on fewer processes (the checkpoint reshards
-     onto the smaller mesh; the batch stays the same) and grows back once it returns;
+     onto the smaller mesh; a microbatch that does not split over it is re-planned and the batch
+     refit, learner/row_plan.py) and grows back once a probe placed with the group's own
+     strategy (launch.learner_strategy) finds the capacity;
   4. gathers every process's output into RUN_DIR/logs/ and writes RUN_DIR/launch/status.json.
 """
 from __future__ import annotations
@@ -37,6 +41,7 @@ from cadence.launch.cluster.ray import hosts as ray_hosts
 from cadence.launch.cluster.ray import placement
 from cadence.launch.cluster.ray.fleet import ActorFleet, LogGatherer
 from cadence.launch.cluster.ray.learner_hosts import LearnerGroup
+from cadence.launch.cluster.restart_budget import RestartBudget
 from cadence.launch.config_loader import to_dict
 
 POLL_S = 0.5
@@ -57,6 +62,7 @@ class RayDriver:
         self.state = "starting"
         self._stop = threading.Event()
         self._last_grow_check = 0.0
+        self.failure = ""  # why the run failed, when the driver decided it (status.json has it)
 
     # -- the whole job ----------------------------------------------------------------------
     def run(self) -> int:
@@ -72,10 +78,12 @@ class RayDriver:
         if self.launch.curve:
             self.keys_dir, actor_files = launch_state.write_keys(self.run_dir)
         self.learner_files = {"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False).encode()}
+        actor_env = {**self._env(), **dict(e.split("=", 1) for e in self.launch.actor_env)}
         self.fleet = ActorFleet(self.Host, self.cfg.actors.processes,
                                 lambda pg: placement.host_options(self.launch, "actor", pg, 0,
                                                                   self.launch.actor_max_restarts),
-                                self._env(), actor_files, self.launch.curve, self.logs, self.message)
+                                actor_env, actor_files, self.launch.curve, self.logs, self.message,
+                                RestartBudget(self.launch.actor_restart_budget, self.launch.actor_restart_window_s))
         try:
             return self._supervise()
         except BaseException:
@@ -101,6 +109,10 @@ class RayDriver:
             if outcome == "grow":
                 size, wait = self.target, self.launch.elastic_timeout_s
                 continue
+            if outcome == "crash loop":  # restarting the learner would not mend the actors
+                self.state = "failed"
+                self.message(f"{self.failure}; the run fails (the learner checkpointed first)")
+                return 1
             code = launch_state.end_or_restart(self, outcome, "learner group")
             if code is not None:
                 if code == 0:
@@ -152,6 +164,10 @@ class RayDriver:
                 if self.fleet.hosts:
                     self._check_endpoint(g)
                     self.fleet.poll()
+                    self.failure = self.fleet.crash_loop() or ""
+                    if self.failure:
+                        self.message(self.failure)
+                        return self._stop_group(g, "crash loop")
                 self._first_step()
                 g.gather_logs(self.logs)
                 self._write_status()
@@ -176,7 +192,7 @@ class RayDriver:
         if time.time() - self._last_grow_check < self.launch.grow_check_s:
             return False
         self._last_grow_check = time.time()
-        return placement.capacity_free(self.launch, self.target - g.size)
+        return placement.capacity_free(self.launch, self.target - g.size, [h["node_id"] for h in g.status()])
 
     # -- actors -----------------------------------------------------------------------------
     def _endpoint_ready(self, g: LearnerGroup) -> bool:
@@ -204,7 +220,7 @@ class RayDriver:
         nodes = [{"node_id": n["NodeID"], "address": n["NodeManagerAddress"], "alive": n["Alive"],
                   "resources": n.get("Resources", {})} for n in ray.nodes()]
         launch_state.write_status(self.run_dir, {
-            "state": self.state, "updated_at": time.time(), "launched_at": self.t0, "driver_pid": os.getpid(),
+            "state": self.state, "failure": self.failure or None, "updated_at": time.time(), "launched_at": self.t0, "driver_pid": os.getpid(),
             "ray_address": self.address or "local", "first_step_seconds": self.first_step_seconds,
             "learner": {"processes": g.size if g else 0, "target": self.target, "restarts": self.learner_restarts,
                         "shrinks": self.shrinks, "hosts": g.status() if g else []},

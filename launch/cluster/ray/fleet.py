@@ -4,9 +4,12 @@
     fleet.start("tcp://10.0.0.5:41343")   # one one-bundle placement group and one Ray host per actor
     fleet.poll()                          # each host's process, node, restarts; their output gathered
     fleet.stop()                          # SIGTERM: the actors leave (their prompts go back)
+    fleet.crash_loop()                    # "actor-0 restarted 6 times within 300 s ...: ERROR" or None
 
 Each host runs `cadence actor --connect ENDPOINT --id actor-i`; Ray restarts a host whose actor
-died (launch.actor_max_restarts), so a restart shows up here as a new host pid or node.
+died (launch.actor_max_restarts), so a restart shows up here as a new host pid or node; more
+restarts of one actor than launch.actor_restart_budget within launch.actor_restart_window_s are
+a crash loop (launch/cluster/restart_budget.py), which the driver ends the run with.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import os
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
+
+from cadence.launch.cluster.restart_budget import RestartBudget, last_error
 
 
 class LogGatherer:
@@ -43,7 +48,7 @@ class LogGatherer:
 
 class ActorFleet:
     def __init__(self, Host, n: int, host_options, env: dict, files: dict, curve: bool, logs: LogGatherer,
-                 message):
+                 message, budget: RestartBudget | None = None):
         self.Host, self.n, self.host_options = Host, n, host_options  # host_options(pg) -> .options kwargs
         self.env, self.files, self.logs, self.message = env, files, logs, message
         self.file_args = ["--keys", "{dir}/keys"] if curve else []
@@ -52,9 +57,12 @@ class ActorFleet:
         self.pgs: list = []
         self.infos: dict[str, dict] = {}
         self.restarts: dict[str, int] = {}
+        self.budget = budget or RestartBudget(0, 1.0)
+        self.placed: set[str] = set()  # hosts this fleet (re)started: their next new pid is not a crash
 
     def start(self, endpoint: str, bundle: dict) -> None:
         self.endpoint = endpoint
+        self.placed = {f"actor-{i}" for i in range(self.n)}
         self.pgs = [placement_group([bundle], strategy="PACK") for _ in range(self.n)]
         self.hosts = []
         for i, pg in enumerate(self.pgs):
@@ -78,9 +86,28 @@ class ActorFleet:
             old = self.infos.get(name, {})
             if old.get("host_pid") not in (None, info["host_pid"]) or old.get("node_id") not in (None, info["node_id"]):
                 self.restarts[name] = self.restarts.get(name, 0) + 1
+                if name not in self.placed:  # Ray's restart, not our own new host
+                    self.budget.restarted(name)
+            self.placed.discard(name)
             info["state"] = "running" if info["exit"] is None else f"exited {info['exit']}"
             self.infos[name] = info
             self.logs.gather(name, self.hosts[i], info["host_pid"])
+
+    def crash_loop(self) -> str | None:
+        """Why the run must fail when an actor exceeded its restart budget (its last error from
+        RUN_DIR/logs/NAME.log), else None."""
+        name = self.budget.exceeded()
+        if name is None:
+            return None
+        path = os.path.join(self.logs.dir, f"{name}.log")
+        try:
+            with open(path, errors="replace") as f:
+                error = last_error(f.read())
+        except FileNotFoundError:
+            error = "(no output gathered)"
+        b = self.budget
+        return (f"{name} restarted more than {b.budget} times within {b.window_s:.0f} s (launch.actor_restart_budget,"
+                f" launch.actor_restart_window_s): a crash loop. Its last error ({path}): {error}")
 
     def stop(self) -> None:
         for i, h in enumerate(self.hosts):

@@ -7,7 +7,8 @@
 
 A host started with `argv` spawns its process at once, and when that process exits with a
 non-zero status unasked, the host exits too, so Ray restarts the host (max_restarts) and with it
-the process: that is how a dead actor process comes back. A host started without `argv` waits
+the process: that is how a dead actor process comes back (after the driver gathered the
+failed process's output, or LAST_WORDS_S: its error would otherwise be lost with the host). A host started without `argv` waits
 for `start(argv, env)` (the learner: its coordinator address is known only once every learner
 host is placed) and never exits by itself; the driver watches it.
 
@@ -34,6 +35,7 @@ import threading
 import time
 
 LOG_CHUNK = 1 << 20
+LAST_WORDS_S = 5.0  # a failed process's host waits at most this long for the driver to gather its output
 _PR_SET_PDEATHSIG = 1
 
 
@@ -65,6 +67,7 @@ class ProcessHost:
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
         self.stopping = False
+        self.delivered = 0  # bytes of the output the driver has read (read_log)
         self.node_ip = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
         if argv is not None:
@@ -88,6 +91,10 @@ class ProcessHost:
             with open(self.log_path, "ab") as log:
                 log.write(f"\n[ray host {self.name}] process exited with {code}; the host exits for Ray "
                           "to restart it\n".encode())
+            # its last words (the error) go with this host: let the driver gather them first
+            deadline = time.time() + LAST_WORDS_S
+            while time.time() < deadline and self.delivered < os.path.getsize(self.log_path):
+                time.sleep(0.05)
             os._exit(1)
 
     def info(self) -> dict:
@@ -116,7 +123,9 @@ class ProcessHost:
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(offset)
-                return f.read(LOG_CHUNK)
+                data = f.read(LOG_CHUNK)
+            self.delivered = max(self.delivered, offset + len(data))
+            return data
         except FileNotFoundError:
             return b""
 

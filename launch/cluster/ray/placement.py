@@ -2,7 +2,7 @@
 
     pg = place(cfg.launch, size=2, wait=600.0)      # 2 learner bundles, or None after `wait` s
     Host.options(**host_options(cfg.launch, "learner", pg, index=0, max_restarts=0)).remote(...)
-    capacity_free(cfg.launch, 1)                    # could one more learner bundle be placed now?
+    capacity_free(cfg.launch, 1, group_nodes)       # could the group grow by one bundle, its way?
 
 A bundle is `launch.{learner,actor}_cpus` CPUs, `_gpus` GPUs and the custom resources
 `_resources` ("name=amount"); the learner's bundles go in one group (`launch.learner_strategy`),
@@ -11,7 +11,7 @@ each actor's in a group of its own.
 from __future__ import annotations
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 
@@ -47,9 +47,33 @@ def place(launch, size: int, wait: float):
     return None
 
 
-def capacity_free(launch, missing: int) -> bool:
-    """Could `missing` more learner bundles be placed now? (a probe, released at once)"""
-    probe = placement_group([bundle(launch, "learner")] * missing, strategy="PACK")
+def capacity_free(launch, missing: int, group_nodes=()) -> bool:
+    """Could the group, restarted with `missing` more learner bundles, be placed now under its own
+    strategy (launch.learner_strategy)? `group_nodes`: the node ids its processes hold now (their
+    bundles free up when it restarts). A probe, released at once:
+      STRICT_SPREAD  the missing bundles, each on a node of its own that holds none of the group's;
+      STRICT_PACK    all on one node: the group's, with room for `missing` more, or another node
+                     with room for the whole group;
+      PACK, SPREAD   the missing bundles anywhere (soft strategies place wherever there is room).
+    A probe that ignored the strategy said yes to room beside the group's own process, which a
+    STRICT_SPREAD group cannot use: the group restarted and shrank again."""
+    strategy, nodes = launch.learner_strategy, sorted(set(filter(None, group_nodes)))
+    if strategy == "STRICT_SPREAD" and nodes:
+        return _probe(launch, missing, strategy, _on_nodes(nodes, exclude=True))
+    if strategy == "STRICT_PACK" and nodes:
+        return (_probe(launch, missing, strategy, _on_nodes(nodes, exclude=False)) or
+                _probe(launch, missing + len(group_nodes), strategy, _on_nodes(nodes, exclude=True)))
+    return _probe(launch, missing, strategy, None)
+
+
+def _on_nodes(nodes: list[str], exclude: bool) -> dict[str, str]:
+    """A bundle label selector: on one of `nodes`, or (exclude) on none of them."""
+    return {NODE_ID_LABEL_KEY: ("!" if exclude else "") + f"in({','.join(nodes)})"}
+
+
+def _probe(launch, n: int, strategy: str, selector: dict | None) -> bool:
+    kwargs = {"bundle_label_selector": [selector] * n} if selector else {}
+    probe = placement_group([bundle(launch, "learner")] * n, strategy=strategy, **kwargs)
     ready, _ = ray.wait([probe.ready()], timeout=2.0)
     remove_placement_group(probe)
     return bool(ready)

@@ -83,6 +83,8 @@ class SlurmLauncher(Launcher):
             if getattr(cfg.launch, key):
                 raise ConfigError(f"launch.{key}: Ray's custom resources mean nothing to SLURM; ask sbatch "
                                   "for what the job needs, e.g. --sbatch=--gres=gpu:8 or --sbatch=--constraint=NAME")
+        if cfg.launch.actor_env:
+            raise ConfigError("launch.actor_env: not honoured under SLURM yet; use launch.env (every process)")
 
     @classmethod
     def from_args(cls, cfg, run_dir, args) -> "SlurmLauncher":
