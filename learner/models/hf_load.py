@@ -9,6 +9,13 @@ device. Tensors are read with preadv from the page cache; each lands once in its
 own aligned buffer, which the device adopts (kernels via a per-thread scratch read and a fused
 transpose + cast), on a few threads with at most 2 x threads in flight, so the host never holds
 a second model copy.
+
+With ``shardings`` (the learner's NamedSharding per parameter) each tensor goes straight onto the
+mesh instead: ``jax.make_array_from_callback`` asks for the slice each of this process's devices
+holds, which is read alone from the file (a block of HF rows with one read; a column slice, e.g.
+an FSDP-split kernel, through a memory map, touching only the pages of those columns), then
+transposed and cast. No device ever holds more than its shard, and no process reads the slices
+only other processes' devices hold.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import concurrent.futures
 import json
 import os
 import threading
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import ml_dtypes
@@ -133,13 +140,18 @@ def _scratch(store: dict, nbytes: int) -> np.ndarray:
     return buf[:nbytes]
 
 
-def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+def load_params(path: str, cfg: ModelConfig, shardings=None,
+                on_tensor: Callable[[str, jax.Array], None] | None = None) -> tuple[nnx.GraphDef, nnx.State]:
     """Reads the weights of the checkpoint at ``path`` into params for the model cfg describes.
 
     Args:
       path: the checkpoint directory.
       cfg: the model config (normally ``hf_config.model_config_from_checkpoint(path, ...)``);
         params are cast to cfg.param_dtype.
+      shardings: where each parameter goes (a pytree of NamedSharding like the params, e.g.
+        ``Layout.params``): each tensor is placed straight onto its shards, each device receiving
+        only its slice. None: whole, on the default device.
+      on_tensor: called with (HF name, the placed array) after each tensor, in file order.
 
     Returns:
       (graphdef, params) as ``llama.init_params`` returns them.
@@ -170,6 +182,7 @@ def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
             p, var = wanted[name]
             _check_shape(path, name, index[file][name].shape, tuple(var.get_value().shape), is_kernel(p))
     dtype = _NP_DTYPES[cfg.param_dtype]
+    target = None if shardings is None else {p: _value(s) for p, s in nnx.to_flat_state(shardings)}
     loaded, scratch = {}, {}
     workers = min(4, os.cpu_count() or 1)
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
@@ -177,9 +190,15 @@ def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
             fd = os.open(file, os.O_RDONLY)
             try:
                 work = [(wanted[n][0], index[file][n]) for n in by_file[file]]
-                copy = lambda pe: _device_copy(fd, *pe, dtype, scratch)  # noqa: E731
+                if target is None:
+                    copy = lambda pe: _device_copy(fd, *pe, dtype, scratch)  # noqa: E731
+                else:
+                    mapped = np.memmap(file, np.uint8, mode="r")  # column slices: their pages only
+                    copy = lambda pe: _sharded_copy(fd, mapped, *pe, dtype, target[pe[0]], scratch)  # noqa: E731
                 for p, array in _bounded_map(pool, copy, work, 2 * workers):
                     loaded[p] = wanted[hf_name(p)][1].replace(array)
+                    if on_tensor is not None:
+                        on_tensor(hf_name(p), array)
             finally:
                 os.close(fd)
     params = nnx.from_flat_state([(p, loaded[p]) for p, _ in flat])
@@ -223,6 +242,56 @@ def _device_copy(fd: int, path: tuple, entry: TensorEntry, dtype: np.dtype,
     return path, jax.device_put(out)
 
 
+def _value(leaf):
+    return leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+
+
+def _sharded_copy(fd: int, mapped: np.ndarray, path: tuple, entry: TensorEntry, dtype: np.dtype,
+                  sharding: jax.sharding.Sharding, scratch: dict) -> tuple[tuple, jax.Array]:
+    """(path, the tensor on its shards): each of this process's devices gets its own slice, read
+    alone; devices holding the same slice (replicated axes) share one read."""
+    kernel = is_kernel(path)
+    shape = entry.shape[::-1] if kernel else entry.shape
+    slices: dict[tuple, np.ndarray] = {}
+
+    def shard(index: tuple) -> np.ndarray:
+        bounds = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+        if bounds not in slices:
+            slices[bounds] = read_slice(fd, mapped, entry, bounds, kernel, dtype, scratch)
+        return slices[bounds]
+
+    return path, jax.make_array_from_callback(shape, sharding, shard, dtype=dtype)
+
+
+def read_slice(fd: int, mapped: np.ndarray, entry: TensorEntry, bounds: tuple, kernel: bool,
+               dtype: np.dtype, scratch: dict | None = None) -> np.ndarray:
+    """The block ``bounds`` ([(start, stop)] per axis of the model's shape: a kernel's [in, out])
+    of a tensor, in its own aligned buffer of ``dtype``.
+
+    HF stores row-major [out, in], so a block of whole HF rows is one contiguous read; any
+    narrower block (a kernel's input columns split over fsdp) is copied out of the memory map,
+    which reads only the pages holding it.
+    """
+    stored = bounds[::-1] if kernel else bounds  # the same block in the file's axis order
+    out = aligned_empty(tuple(b - a for a, b in bounds), dtype)
+    (r0, r1), inner = (stored[0], stored[1:]) if stored else ((0, 1), ())
+    if all(a == 0 and b == n for (a, b), n in zip(inner, entry.shape[1:])):  # whole rows
+        row = entry.nbytes // max(entry.shape[0], 1) if entry.shape else entry.nbytes
+        block = TensorEntry(entry.dtype, tuple(b - a for a, b in stored), entry.offset + r0 * row, (r1 - r0) * row)
+        if not kernel and entry.dtype == dtype:
+            return _read_into(fd, block, out)
+        buf = np.empty(block.nbytes, np.uint8) if scratch is None else _scratch(scratch, block.nbytes)
+        src = _read_into(fd, block, buf)
+    else:
+        whole = np.ndarray(entry.shape, entry.dtype, buffer=mapped, offset=entry.offset)
+        src = whole[tuple(slice(a, b) for a, b in stored)]
+    if kernel:
+        transpose_into(out, src)
+    else:
+        np.copyto(out, src, casting="same_kind")
+    return out
+
+
 def aligned_empty(shape: tuple, dtype: np.dtype, alignment: int = 64) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on an ``alignment``-byte boundary
     (XLA's CPU client aliases only such buffers)."""
@@ -248,12 +317,14 @@ def transpose_into(out: np.ndarray, matrix: np.ndarray, rows: int = 128, pad: in
         np.copyto(out[:, i:i + n], buf[:n, :c].T, casting="same_kind")
 
 
-def load_checkpoint(path: str, base: ModelConfig = ModelConfig()) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
+def load_checkpoint(path: str, base: ModelConfig = ModelConfig(), shardings=None,
+                    ) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
     """Config and weights of a Hugging Face checkpoint directory.
 
     Args:
       path: directory with config.json and safetensors weights.
       base: supplies param_dtype and compute_dtype (the architecture comes from config.json).
+      shardings: as for load_params (straight onto the mesh); None: one device.
 
     Returns:
       (model_cfg, graphdef, params).
@@ -263,5 +334,5 @@ def load_checkpoint(path: str, base: ModelConfig = ModelConfig()) -> tuple[Model
       FileNotFoundError: no config.json or no weights.
     """
     cfg = hf_config.model_config_from_checkpoint(path, base)
-    graphdef, params = load_params(path, cfg)
+    graphdef, params = load_params(path, cfg, shardings)
     return cfg, graphdef, params
