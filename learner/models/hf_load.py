@@ -131,12 +131,14 @@ def _read_into(fd: int, entry: TensorEntry, out: np.ndarray) -> np.ndarray:
     return out.view(entry.dtype).reshape(entry.shape)
 
 
-def _scratch(store: dict, nbytes: int) -> np.ndarray:
+def _scratch(store: dict, nbytes: int, slot: str = "") -> np.ndarray:
     """A per-thread byte buffer reused across tensors (no fresh pages to fault in); store lives
-    only as long as one load, so the buffers go with it."""
-    buf = store.get(threading.get_ident())
+    only as long as one load, so the buffers go with it. slot: a second buffer the same thread
+    uses at the same time."""
+    key = (threading.get_ident(), slot)
+    buf = store.get(key)
     if buf is None or buf.nbytes < nbytes:
-        buf = store[threading.get_ident()] = np.empty(nbytes, np.uint8)
+        buf = store[key] = np.empty(nbytes, np.uint8)
     return buf[:nbytes]
 
 
@@ -248,48 +250,74 @@ def _value(leaf):
 
 def _sharded_copy(fd: int, mapped: np.ndarray, path: tuple, entry: TensorEntry, dtype: np.dtype,
                   sharding: jax.sharding.Sharding, scratch: dict) -> tuple[tuple, jax.Array]:
-    """(path, the tensor on its shards): each of this process's devices gets its own slice, read
-    alone; devices holding the same slice (replicated axes) share one read."""
+    """(path, the tensor on its shards): each of this process's devices gets its own slice;
+    devices holding the same slice (replicated axes) share one read.
+
+    HF stores row-major [out, in]. A slice of whole HF rows is one contiguous read. Column
+    slices (a kernel's input axis split over fsdp) whose union is whole rows (all of this
+    process's devices together hold every column) share one read of those rows; narrower ones (a
+    host holding some columns only) are copied out of the memory map, which reads their pages.
+    """
     kernel = is_kernel(path)
     shape = entry.shape[::-1] if kernel else entry.shape
+    flip = (lambda b: b[::-1]) if kernel else (lambda b: b)  # noqa: E731  model <-> file axis order
+    wanted = {tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+              for index in sharding.addressable_devices_indices_map(shape).values()}
+    rows = _rows_source(fd, entry, [flip(b) for b in wanted], scratch)
     slices: dict[tuple, np.ndarray] = {}
 
     def shard(index: tuple) -> np.ndarray:
         bounds = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
-        if bounds not in slices:
-            slices[bounds] = read_slice(fd, mapped, entry, bounds, kernel, dtype, scratch)
-        return slices[bounds]
+        if bounds in slices:
+            return slices[bounds]
+        stored, out = flip(bounds), aligned_empty(tuple(b - a for a, b in bounds), dtype)
+        if _whole_rows(stored, entry.shape) and not kernel and entry.dtype == dtype:
+            _read_rows(fd, entry, stored[0] if stored else (0, 1), None, out)  # straight into the shard
+            src = out
+        elif _whole_rows(stored, entry.shape):
+            src = _read_rows(fd, entry, stored[0] if stored else (0, 1), scratch)
+        elif rows is not None:
+            block, lo = rows
+            src = block[(slice(stored[0][0] - lo, stored[0][1] - lo),) + tuple(slice(a, b) for a, b in stored[1:])]
+        else:
+            whole = np.ndarray(entry.shape, entry.dtype, buffer=mapped, offset=entry.offset)
+            src = whole[tuple(slice(a, b) for a, b in stored)]
+        if src is not out:
+            if kernel:
+                transpose_into(out, src)
+            else:
+                np.copyto(out, src, casting="same_kind")
+        slices[bounds] = out
+        return out
 
     return path, jax.make_array_from_callback(shape, sharding, shard, dtype=dtype)
 
 
-def read_slice(fd: int, mapped: np.ndarray, entry: TensorEntry, bounds: tuple, kernel: bool,
-               dtype: np.dtype, scratch: dict | None = None) -> np.ndarray:
-    """The block ``bounds`` ([(start, stop)] per axis of the model's shape: a kernel's [in, out])
-    of a tensor, in its own aligned buffer of ``dtype``.
+def _whole_rows(stored: tuple, shape: tuple) -> bool:
+    return all(a == 0 and b == n for (a, b), n in zip(stored[1:], shape[1:]))
 
-    HF stores row-major [out, in], so a block of whole HF rows is one contiguous read; any
-    narrower block (a kernel's input columns split over fsdp) is copied out of the memory map,
-    which reads only the pages holding it.
-    """
-    stored = bounds[::-1] if kernel else bounds  # the same block in the file's axis order
-    out = aligned_empty(tuple(b - a for a, b in bounds), dtype)
-    (r0, r1), inner = (stored[0], stored[1:]) if stored else ((0, 1), ())
-    if all(a == 0 and b == n for (a, b), n in zip(inner, entry.shape[1:])):  # whole rows
-        row = entry.nbytes // max(entry.shape[0], 1) if entry.shape else entry.nbytes
-        block = TensorEntry(entry.dtype, tuple(b - a for a, b in stored), entry.offset + r0 * row, (r1 - r0) * row)
-        if not kernel and entry.dtype == dtype:
-            return _read_into(fd, block, out)
-        buf = np.empty(block.nbytes, np.uint8) if scratch is None else _scratch(scratch, block.nbytes)
-        src = _read_into(fd, block, buf)
-    else:
-        whole = np.ndarray(entry.shape, entry.dtype, buffer=mapped, offset=entry.offset)
-        src = whole[tuple(slice(a, b) for a, b in stored)]
-    if kernel:
-        transpose_into(out, src)
-    else:
-        np.copyto(out, src, casting="same_kind")
-    return out
+
+def _rows_source(fd: int, entry: TensorEntry, stored: list, scratch: dict):
+    """(the HF rows all column slices lie in, their first row) when the slices together span
+    whole rows and at least one is narrower; else None."""
+    if not entry.shape or all(_whole_rows(b, entry.shape) for b in stored):
+        return None
+    lo, hi = min(b[0][0] for b in stored), max(b[0][1] for b in stored)
+    for axis in range(1, len(entry.shape)):
+        if min(b[axis][0] for b in stored) > 0 or max(b[axis][1] for b in stored) < entry.shape[axis]:
+            return None  # some columns are no device's here: read only the pages of the slices
+    return _read_rows(fd, entry, (lo, hi), scratch, slot="rows"), lo
+
+
+def _read_rows(fd: int, entry: TensorEntry, rows: tuple, scratch: dict | None, out=None,
+               slot: str = "slice") -> np.ndarray:
+    """HF rows [r0, r1) with one read: into a per-thread scratch buffer (to be transposed or
+    cast), or with scratch None into out."""
+    r0, r1 = rows
+    row = entry.nbytes // entry.shape[0] if entry.shape and entry.shape[0] else entry.nbytes
+    block = TensorEntry(entry.dtype, (r1 - r0, *entry.shape[1:]) if entry.shape else (), entry.offset + r0 * row,
+                        (r1 - r0) * row)
+    return _read_into(fd, block, out if scratch is None else _scratch(scratch, block.nbytes, slot))
 
 
 def aligned_empty(shape: tuple, dtype: np.dtype, alignment: int = 64) -> np.ndarray:
