@@ -5,7 +5,8 @@ CADENCE_NUM_PROCESSES=2 and CADENCE_PROCESS_ID set. Checks on process 0: two upd
 channel equal a single-device reference; a weight-sync bucket of an *older* params generation
 (as an actor thread's sync sees it after the learner moved on) arrives whole and exact; an HF
 export written a shard at a time equals the gathered params; a checkpoint save reaches every
-process. Each process writes OUT_DIR/result-<id>.json.
+process; each update delivers the follower only its rows (fewer bytes than the whole batch).
+Each process writes OUT_DIR/result-<id>.json.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from cadence.learner.leader import Follower, Leader  # noqa: E402
 from cadence.learner.models import llama  # noqa: E402
 from cadence.learner.models.config import ModelConfig  # noqa: E402
 from cadence.learner.models.hf_export import export_checkpoint, hf_tensors  # noqa: E402
-from cadence.learner.multihost import join  # noqa: E402
+from cadence.learner.multihost import _bucket, encode, join, microbatch_arrays  # noqa: E402
 from cadence.learner.steps import make_train_step  # noqa: E402
 from cadence.protocols.testing import rollout_group  # noqa: E402
 
@@ -68,7 +69,9 @@ def main(out_dir: str) -> None:
     if not group.is_leader:
         follower = Follower(group, layout, step, params, ckpt, arrays_of)
         final = follower.run()
-        result.update(steps=int(final.step), held=sorted(follower.held), commands=follower.channel.commands)
+        rows = layout.process_rows(4, group.process_id).tolist()
+        result.update(steps=int(final.step), held=sorted(follower.held), commands=follower.channel.commands,
+                      update_bytes=follower.received_bytes["update"], rows=rows)
     else:
         lead = Leader(group, layout, params)
         leader_step = lead.wrap_step(step)
@@ -104,10 +107,16 @@ def main(out_dir: str) -> None:
         gen1 = lead.generation(s1.params)
         del s1, tensors, bucket, by_leaf  # version 1 is gone on process 0: the next command releases it
         lead.wrap_checkpointer(ckpt).save(2, arrays_of(s2), {"step": 2})
+        # a larger batch (16 microbatches), where what a process receives is mostly its rows
+        batches.append(build_microbatches(groups(16, 2), 16, 4, 0, CFG.grpo))
+        s3, _ = leader_step.update(s2, batches[2][0], batches[2][1]["num_tokens"])
         lead.stop()
-        result.update(losses=losses, max_param_diff=diff, bucket_ok=bucket_ok, export_ok=export_ok,
+        # what a whole-batch broadcast of the same updates delivered to each process (its length,
+        # then the payload padded to its bucket), the protocol before rows were cut per process
+        whole_bytes = sum(4 + 4 * _bucket(len(encode("update", {}, microbatch_arrays(mbs)))) for mbs, _ in batches)
+        result.update(losses=losses, whole_bytes=whole_bytes, max_param_diff=diff, bucket_ok=bucket_ok, export_ok=export_ok,
                       shards=len([n for n in os.listdir(os.path.join(out_dir, "hf")) if n.endswith(".safetensors")]),
-                      released_gen=gen1, current_gen=lead.generation(s2.params), steps=int(s2.step))
+                      released_gen=gen1, current_gen=lead.generation(s3.params), steps=int(s3.step))
     ckpt.close()
     with open(os.path.join(out_dir, f"result-{group.process_id}.json"), "w") as f:
         json.dump(result, f)
