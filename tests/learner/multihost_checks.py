@@ -2,7 +2,8 @@
 
 Run by multihost_test.py: `python multihost_checks.py OUT_DIR` twice, with CADENCE_COORDINATOR,
 CADENCE_NUM_PROCESSES=2 and CADENCE_PROCESS_ID set. Checks on process 0: two updates through the
-channel equal a single-device reference; a weight-sync bucket of an *older* params generation
+channel equal a single-device reference; an HF checkpoint loads onto the mesh across both
+processes, each process reading its slices, equal to a one-device load; a weight-sync bucket of an *older* params generation
 (as an actor thread's sync sees it after the learner moved on) arrives whole and exact; an HF
 export written a shard at a time equals the gathered params; a checkpoint save reaches every
 process; each update delivers the follower only its rows (fewer bytes than the whole batch).
@@ -29,7 +30,9 @@ from cadence.learner.config import DistributedConfig, LearnerConfig, MeshConfig,
 from cadence.learner.leader import Follower, Leader  # noqa: E402
 from cadence.learner.models import llama  # noqa: E402
 from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.models import hf_load  # noqa: E402
 from cadence.learner.models.hf_export import export_checkpoint, hf_tensors  # noqa: E402
+from cadence.learner.models.hf_random import write_random_checkpoint  # noqa: E402
 from cadence.learner.multihost import _bucket, encode, join, microbatch_arrays  # noqa: E402
 from cadence.learner.steps import make_train_step  # noqa: E402
 from cadence.protocols.testing import rollout_group  # noqa: E402
@@ -57,15 +60,29 @@ def host(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
 
 
+def check_hf_load(out_dir: str, process: int, layout) -> bool:
+    """An HF checkpoint loaded onto the mesh across both processes (each reads only the slices
+    its devices hold: here half the rows of tensor-split and half the columns of fsdp-split
+    kernels) equals a one-device load on every shard."""
+    ckpt = os.path.join(out_dir, f"hf-in-{process}")  # each process writes the same checkpoint
+    write_random_checkpoint(ckpt, MODEL, tokenizer=False, max_shard_bytes=20_000)
+    _, sharded = hf_load.load_params(ckpt, MODEL, layout.params)
+    _, whole = hf_load.load_params(ckpt, MODEL)
+    return all(a.sharding == s and all(np.array_equal(np.asarray(shard.data), np.asarray(w)[shard.index])
+                                       for shard in a.addressable_shards)
+               for a, w, s in zip(jax.tree.leaves(sharded), jax.tree.leaves(whole), jax.tree.leaves(layout.params)))
+
+
 def main(out_dir: str) -> None:
     group = join(DistributedConfig())  # from the environment
     assert group.num_processes == 2 and len(jax.devices()) == 4
     _, abstract = llama.abstract_params(MODEL)
     layout = sharding.make_layout(CFG.mesh, abstract)
     graphdef, params = llama.init_params(MODEL, 0, layout.params)
+    hf_load_ok = check_hf_load(out_dir, group.process_id, layout)
     step = make_train_step(graphdef, CFG, layout)
     ckpt = Checkpointer(os.path.join(out_dir, "ckpt"), CheckpointConfig(async_save=False))
-    result = {"process": group.process_id}
+    result = {"process": group.process_id, "hf_load_ok": hf_load_ok}
     if not group.is_leader:
         follower = Follower(group, layout, step, params, ckpt, arrays_of)
         final = follower.run()

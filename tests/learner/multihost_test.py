@@ -44,6 +44,7 @@ def test_leader_and_follower_stay_in_step(tmp_path):
     assert lead["max_param_diff"] <= 1e-4
     assert lead["bucket_ok"] and lead["export_ok"] and lead["shards"] > 1
     assert follow["steps"] == lead["steps"] == 3
+    assert lead["hf_load_ok"] and follow["hf_load_ok"]
     # the follower received only its rows of each batch (half: fsdp splits rows over the processes)
     assert follow["rows"] == [2, 3]
     assert follow["update_bytes"] < lead["whole_bytes"]
