@@ -77,9 +77,9 @@ class Leader:
 
     def split_rows(self, microbatches) -> list[list]:
         """The microbatches cut into each process's rows (index = process id)."""
-        rows = len(microbatches[0].tokens)
-        return [[_take_rows(mb, self.layout.process_rows(rows, p)) for mb in microbatches]
-                for p in range(self.channel.group.num_processes)]
+        rows = len(microbatches[0].tokens)  # every microbatch has the same shape
+        held = [self.layout.process_rows(rows, p) for p in range(self.channel.group.num_processes)]
+        return [[_take_rows(mb, index) for mb in microbatches] for index in held]
 
     # ---- wrappers ----
     def wrap_step(self, step) -> "_LeaderStep":
