@@ -177,15 +177,17 @@ class _LeaderSFT(_Wrapped):
 class _LeaderCheckpointer(_Wrapped):
     """Every process writes its shards (orbax); only process 0's metadata is written.
 
-    Saves are synchronous here: orbax's multi-host save and step discovery run device collectives
-    (broadcasts) of their own, which must not interleave with training's on another thread.
+    Saves are asynchronous as in one process: each process writes on its own writer thread, and
+    orbax's barriers between them go through the jax.distributed client, not device collectives
+    (learner/checkpoint.py), so they never interleave with training's. Each process waits for its
+    write before the next update donates the Adam moments it is writing.
     """
 
     def save(self, step: int, arrays, meta: dict, *, wait: bool = False) -> None:
         lead = self._leader
         with lead.lock:
-            lead.send("save", {"step": int(step), "gen": lead.generation(arrays["params"])})
-            self._inner.save(step, arrays, meta, wait=True)
+            lead.send("save", {"step": int(step), "gen": lead.generation(arrays["params"]), "wait": bool(wait)})
+            self._inner.save(step, arrays, meta, wait=wait)
 
     def close(self) -> None:
         with self._leader.lock:
@@ -267,6 +269,8 @@ class Follower:
         self._hold(self.state.params)
 
     def _on_update(self, meta, arrays):
+        if self.checkpointer is not None:  # the update donates the Adam moments a save may be writing
+            self.checkpointer.wait()
         state = self._with_params(meta["gen"])._replace(step=meta["step"])
         rows, sequences, loss_tokens = meta["whole"]
         self.state, _ = self.step.update(state, microbatches_from(arrays), meta["num_tokens"],
@@ -288,7 +292,7 @@ class Follower:
 
     def _on_save(self, meta, arrays):
         state = self._with_params(meta["gen"])
-        self.checkpointer.save(meta["step"], self.arrays_of(state), {}, wait=True)
+        self.checkpointer.save(meta["step"], self.arrays_of(state), {}, wait=meta.get("wait", True))
 
     def _on_close_checkpointer(self, meta, arrays):
         self.checkpointer.close()

@@ -5,8 +5,8 @@ CADENCE_NUM_PROCESSES=2 and CADENCE_PROCESS_ID set. Checks on process 0: two upd
 channel equal a single-device reference; an HF checkpoint loads onto the mesh across both
 processes, each process reading its slices, equal to a one-device load; a weight-sync bucket of an *older* params generation
 (as an actor thread's sync sees it after the learner moved on) arrives whole and exact; an HF
-export written a shard at a time equals the gathered params; a checkpoint save reaches every
-process; each update delivers the follower only its rows (fewer bytes than the whole batch).
+export written a shard at a time equals the gathered params; an asynchronous checkpoint save
+reaches every process; each update delivers the follower only its rows (fewer bytes than the whole batch).
 Each process writes OUT_DIR/result-<id>.json.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def main(out_dir: str) -> None:
     graphdef, params = llama.init_params(MODEL, 0, layout.params)
     hf_load_ok = check_hf_load(out_dir, group.process_id, layout)
     step = make_train_step(graphdef, CFG, layout)
-    ckpt = Checkpointer(os.path.join(out_dir, "ckpt"), CheckpointConfig(async_save=False))
+    ckpt = Checkpointer(os.path.join(out_dir, "ckpt"), CheckpointConfig())  # asynchronous saves
     result = {"process": group.process_id, "hf_load_ok": hf_load_ok}
     if not group.is_leader:
         follower = Follower(group, layout, step, params, ckpt, arrays_of)
@@ -123,15 +123,17 @@ def main(out_dir: str) -> None:
             np.array_equal(exported[t.name], w.T if t.transposed else w) for t, w in whole2)
         gen1 = lead.generation(s1.params)
         del s1, tensors, bucket, by_leaf  # version 1 is gone on process 0: the next command releases it
-        lead.wrap_checkpointer(ckpt).save(2, arrays_of(s2), {"step": 2})
+        lead.wrap_checkpointer(ckpt).save(2, arrays_of(s2), {"step": 2})  # written while the next update runs
+        save_was_async = ckpt._pending is not None  # returned before the write finished
         # a larger batch (16 microbatches), where what a process receives is mostly its rows
         batches.append(build_microbatches(groups(16, 2), 16, 4, 0, CFG.grpo))
+        ckpt.wait()  # the update donates the Adam moments being written (LearnerLoop's before_update)
         s3, _ = leader_step.update(s2, batches[2][0], batches[2][1]["num_tokens"])
         lead.stop()
         # what a whole-batch broadcast of the same updates delivered to each process (its length,
         # then the payload padded to its bucket), the protocol before rows were cut per process
         whole_bytes = sum(4 + 4 * _bucket(len(encode("update", {}, microbatch_arrays(mbs)))) for mbs, _ in batches)
-        result.update(losses=losses, whole_bytes=whole_bytes, max_param_diff=diff, bucket_ok=bucket_ok, export_ok=export_ok,
+        result.update(losses=losses, whole_bytes=whole_bytes, save_was_async=save_was_async, max_param_diff=diff, bucket_ok=bucket_ok, export_ok=export_ok,
                       shards=len([n for n in os.listdir(os.path.join(out_dir, "hf")) if n.endswith(".safetensors")]),
                       released_gen=gen1, current_gen=lead.generation(s3.params), steps=int(s3.step))
     ckpt.close()
