@@ -48,6 +48,19 @@ def _orbax():
     return ocp
 
 
+def _multiprocess_options(ocp) -> dict:
+    """Several learner processes: orbax's barriers go through the jax.distributed client
+    (naming every process as active does that) instead of device collectives, so a save on the
+    writer thread never interleaves with the collectives training launches meanwhile. The
+    directory exists already (Checkpointer makes it), which orbax requires with active processes."""
+    import jax
+
+    if jax.process_count() == 1:
+        return {}
+    processes = set(range(jax.process_count()))
+    return {"create": False, "multiprocessing_options": ocp.options.MultiprocessingOptions(active_processes=processes)}
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message names the directory and step."""
 
@@ -86,7 +99,8 @@ class Checkpointer:
             if self._manager is None:
                 ocp = _orbax()
                 options = ocp.CheckpointManagerOptions(max_to_keep=self.cfg.keep,
-                                                       enable_async_checkpointing=False)
+                                                       enable_async_checkpointing=False,
+                                                       **_multiprocess_options(ocp))
                 self._manager = ocp.CheckpointManager(self.directory, options=options,
                                                       item_names=("state", "meta"))
             return self._manager

@@ -10,6 +10,9 @@ numbers them, the same on every process. A gather names the generation it wants,
 that runs in an actor thread can still gather the version it was given after the learner moved
 on: followers keep a generation while process 0 holds any reference to its params (a weakref
 finalizer tells them, with the next command, when it is gone).
+
+Batches: each process receives only the microbatch rows its devices hold (Layout.process_rows),
+with the whole batch's counts (WholeBatch) in the command; process 0 cuts them and keeps its own.
 """
 from __future__ import annotations
 
@@ -19,8 +22,12 @@ import threading
 import weakref
 from typing import Any, Callable
 
+import numpy as np
+
 from cadence.learner import sharding
+from cadence.learner.batching import Microbatch
 from cadence.learner.multihost import Channel, Group, as_host, microbatch_arrays, microbatches_from
+from cadence.learner.steps.grpo_step import WholeBatch, whole_batch
 
 
 class Leader:
@@ -59,12 +66,20 @@ class Leader:
         except KeyError:
             raise ValueError("params not produced by this learner group (no generation)") from None
 
-    def send(self, command: str, meta: dict | None = None, arrays: dict | None = None) -> None:
-        """Send one command (call with self.lock held, then run the same thing locally)."""
+    def send(self, command: str, meta: dict | None = None, arrays: dict | None = None,
+             parts: list | None = None) -> None:
+        """Send one command (call with self.lock held, then run the same thing locally); parts:
+        arrays for each process (Channel.send)."""
         released = []
         while self._released:
             released.append(self._released.popleft())
-        self.channel.send(command, {**(meta or {}), "released": released}, arrays)
+        self.channel.send(command, {**(meta or {}), "released": released}, arrays, parts)
+
+    def split_rows(self, microbatches) -> list[list]:
+        """The microbatches cut into each process's rows (index = process id)."""
+        rows = len(microbatches[0].tokens)  # every microbatch has the same shape
+        held = [self.layout.process_rows(rows, p) for p in range(self.channel.group.num_processes)]
+        return [[_take_rows(mb, index) for mb in microbatches] for index in held]
 
     # ---- wrappers ----
     def wrap_step(self, step) -> "_LeaderStep":
@@ -126,10 +141,14 @@ class _LeaderStep(_Wrapped):
 
     def update(self, state, microbatches, num_tokens: int):
         lead = self._leader
+        if not microbatches:
+            raise ValueError("update: no microbatches")
         with lead.lock:
+            whole, parts = whole_batch(microbatches), lead.split_rows(microbatches)
             lead.send("update", {"num_tokens": int(num_tokens), "gen": lead.generation(state.params),
-                                 "step": int(state.step)}, microbatch_arrays(microbatches))
-            state, metrics = self._inner.update(state, microbatches, num_tokens)
+                                 "step": int(state.step), "whole": list(whole)},
+                      parts=[microbatch_arrays(part) for part in parts])
+            state, metrics = self._inner.update(state, parts[0], num_tokens, whole=whole)
             lead.register(state.params)
             return state, metrics
 
@@ -148,8 +167,9 @@ class _LeaderSFT(_Wrapped):
     def update(self, params, opt_state, batch):
         lead = self._leader
         with lead.lock:
-            lead.send("sft", {}, microbatch_arrays([batch]))
-            params, opt_state, metrics = self._inner.update(params, opt_state, batch)
+            rows, parts = len(batch.tokens), lead.split_rows([batch])
+            lead.send("sft", {"rows": rows}, parts=[microbatch_arrays(part) for part in parts])
+            params, opt_state, metrics = self._inner.update(params, opt_state, parts[0][0], rows=rows)
             lead.register(params)
             return params, opt_state, metrics
 
@@ -157,15 +177,17 @@ class _LeaderSFT(_Wrapped):
 class _LeaderCheckpointer(_Wrapped):
     """Every process writes its shards (orbax); only process 0's metadata is written.
 
-    Saves are synchronous here: orbax's multi-host save and step discovery run device collectives
-    (broadcasts) of their own, which must not interleave with training's on another thread.
+    Saves are asynchronous as in one process: each process writes on its own writer thread, and
+    orbax's barriers between them go through the jax.distributed client, not device collectives
+    (learner/checkpoint.py), so they never interleave with training's. Each process waits for its
+    write before the next update donates the Adam moments it is writing.
     """
 
     def save(self, step: int, arrays, meta: dict, *, wait: bool = False) -> None:
         lead = self._leader
         with lead.lock:
-            lead.send("save", {"step": int(step), "gen": lead.generation(arrays["params"])})
-            self._inner.save(step, arrays, meta, wait=True)
+            lead.send("save", {"step": int(step), "gen": lead.generation(arrays["params"]), "wait": bool(wait)})
+            self._inner.save(step, arrays, meta, wait=wait)
 
     def close(self) -> None:
         with self._leader.lock:
@@ -205,6 +227,7 @@ class Follower:
         self._gen = -1
         self._sft: list = []  # [params, opt_state] of a warm-up in progress
         self.checkpointer_closed = False
+        self.received_bytes: collections.Counter = collections.Counter()  # per command name
         self._hold(params)
 
     def _hold(self, params) -> None:
@@ -227,6 +250,7 @@ class Follower:
         try:
             while True:
                 command, meta, arrays = self.channel.receive()
+                self.received_bytes[command] += self.channel.last_bytes
                 for gen in meta.get("released", ()):
                     self.held.pop(gen, None)
                 if command == "stop":
@@ -245,8 +269,12 @@ class Follower:
         self._hold(self.state.params)
 
     def _on_update(self, meta, arrays):
+        if self.checkpointer is not None:  # the update donates the Adam moments a save may be writing
+            self.checkpointer.wait()
         state = self._with_params(meta["gen"])._replace(step=meta["step"])
-        self.state, _ = self.step.update(state, microbatches_from(arrays), meta["num_tokens"])
+        rows, sequences, loss_tokens = meta["whole"]
+        self.state, _ = self.step.update(state, microbatches_from(arrays), meta["num_tokens"],
+                                         whole=WholeBatch(rows, tuple(sequences), tuple(loss_tokens)))
         self._hold(self.state.params)
 
     def _on_hyper(self, meta, arrays):
@@ -258,13 +286,13 @@ class Follower:
 
     def _on_sft(self, meta, arrays):
         (batch,) = microbatches_from(arrays)
-        params, opt_state, _ = self.sft.update(*self._sft, batch)
+        params, opt_state, _ = self.sft.update(*self._sft, batch, rows=meta["rows"])
         self._sft = [params, opt_state]
         self._hold(params)
 
     def _on_save(self, meta, arrays):
         state = self._with_params(meta["gen"])
-        self.checkpointer.save(meta["step"], self.arrays_of(state), {}, wait=True)
+        self.checkpointer.save(meta["step"], self.arrays_of(state), {}, wait=meta.get("wait", True))
 
     def _on_close_checkpointer(self, meta, arrays):
         self.checkpointer.close()
@@ -287,6 +315,10 @@ class Follower:
     def _on_call(self, meta, arrays):
         gen = meta.get("gen")
         self.calls[meta["name"]](meta, None if gen is None else self._params(gen))
+
+
+def _take_rows(mb: Microbatch, rows: np.ndarray) -> Microbatch:
+    return Microbatch(*(None if x is None else np.asarray(x)[rows] for x in mb))
 
 
 def _leaves(params) -> list:

@@ -5,8 +5,9 @@ the same order. Process 0 ("the leader") does everything a one-process learner d
 learner loop, controller, metrics, checkpoint metadata); before each collective operation it
 sends the operation to the other processes ("followers") over a `Channel`, and they run it too
 (learner/leader.py: `Leader` sends, `Follower` runs what it is sent). A command is a name, a small
-JSON object and named NumPy arrays: an update's host microbatches, new optimizer hyperparameters,
-"save a checkpoint", "gather the weights of params generation 7", "stop".
+JSON object and named NumPy arrays: new optimizer hyperparameters, "save a checkpoint", "gather
+the weights of params generation 7", "stop". It may carry a part for each process (an update's
+microbatch rows, of which each process receives only those its devices hold).
 
     group = join(cfg.learner.distributed)       # first thing a process does: before any JAX work
     if group.is_leader: Leader(group, layout, params)       # wraps the step, SFT step and checkpointer
@@ -16,6 +17,7 @@ JSON object and named NumPy arrays: an update's host microbatches, new optimizer
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import struct
@@ -135,32 +137,108 @@ class Channel:
     """Process 0 -> all processes, one command at a time (jax.experimental.multihost_utils).
 
     Two broadcasts per command: the payload's length, then the payload padded to a power of two.
+    A command may carry a part for each process (`parts`): its lengths ride in the broadcast
+    header, then one device transfer moves each follower's part from process 0 to that follower
+    alone (a collective permute per follower), so no process receives another's part.
     Every process must call send (process 0) or receive (the others) in the same order.
+    received_bytes counts what this process received (padding included).
     """
 
     def __init__(self, group: Group):
         self.group = group
         self.commands = 0
+        self.received_bytes = 0
+        self.last_bytes = 0  # of the last command received
 
-    def send(self, command: str, meta: dict | None = None, arrays: dict[str, np.ndarray] | None = None) -> None:
+    def send(self, command: str, meta: dict | None = None, arrays: dict[str, np.ndarray] | None = None,
+             parts: list[dict[str, np.ndarray]] | None = None) -> None:
+        """parts: one dict of arrays per process; process i's followers receive parts[i] as the
+        command's arrays (parts[0] stays here: process 0 uses it itself)."""
         assert self.group.is_leader, "only process 0 sends"
-        words = encode(command, meta or {}, arrays or {})
+        meta = dict(meta or {})
+        encoded = None
+        if parts is not None:
+            if len(parts) != self.group.num_processes:
+                raise ValueError(f"channel: {len(parts)} parts for {self.group.num_processes} processes")
+            encoded = [np.zeros(0, np.int32)] + [encode("part", {}, part) for part in parts[1:]]
+            meta["_parts"] = [len(w) for w in encoded]
+        words = encode(command, meta, arrays or {})
         self._broadcast(np.asarray([len(words)], np.int32))
         padded = np.zeros(_bucket(len(words)), np.int32)
         padded[: len(words)] = words
         self._broadcast(padded)
+        if encoded is not None:
+            width = _bucket(max(meta["_parts"]))
+            block = np.zeros((1, len(encoded), width), np.int32)
+            for i, w in enumerate(encoded):
+                block[0, i, : len(w)] = w
+            _scatter(block)
         self.commands += 1
 
     def receive(self) -> tuple[str, dict, dict[str, np.ndarray]]:
+        """(command, meta, arrays): the broadcast arrays, or with parts this process's part."""
+        before = self.received_bytes
         (n,) = self._broadcast(np.zeros(1, np.int32))
         words = self._broadcast(np.zeros(_bucket(int(n)), np.int32))
         self.commands += 1
-        return decode(words[: int(n)])
+        command, meta, arrays = decode(words[: int(n)])
+        lengths = meta.pop("_parts", None)
+        if lengths is not None:
+            width = _bucket(max(lengths))
+            mine = _scatter(np.zeros((1, len(lengths), width), np.int32))
+            self.received_bytes += mine.nbytes
+            _, _, arrays = decode(mine[: lengths[self.group.process_id]])
+        self.last_bytes = self.received_bytes - before
+        return command, meta, arrays
 
     def _broadcast(self, x: np.ndarray) -> np.ndarray:
         from jax.experimental import multihost_utils
 
-        return np.asarray(multihost_utils.broadcast_one_to_all(x))
+        out = np.asarray(multihost_utils.broadcast_one_to_all(x))
+        if not self.group.is_leader:
+            self.received_bytes += out.nbytes
+        return out
+
+
+def _scatter(block: np.ndarray) -> np.ndarray:
+    """block [1, processes, width] int32 (process 0: row i for process i; the others: zeros) ->
+    this process's row, [width]: moved from process 0 to each follower by its own collective
+    permute over a mesh of one device per process."""
+    import jax
+
+    mesh = _process_mesh()
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("processes"))
+    device = mesh.devices[jax.process_index()]
+    local = jax.device_put(block, device)
+    x = jax.make_array_from_single_device_arrays((mesh.size, *block.shape[1:]), sharding, [local])
+    out = _permute_fn(mesh)(x)
+    return np.asarray(out.addressable_data(0))[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _process_mesh():
+    import jax
+
+    first = {}
+    for d in sorted(jax.devices(), key=lambda d: d.id):
+        first.setdefault(d.process_index, d)
+    return jax.sharding.Mesh(np.asarray([first[p] for p in sorted(first)]), ("processes",))
+
+
+@functools.lru_cache(maxsize=4)
+def _permute_fn(mesh):
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    n = mesh.size
+
+    def body(x):  # x: [1, n, width], this process's block
+        out = jax.numpy.zeros_like(x[:, 0])
+        for k in range(1, n):  # process 0's row k to process k only
+            out = out + jax.lax.ppermute(x[:, k], "processes", perm=[(0, k)])
+        return out
+
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("processes"), out_specs=P("processes")))
 
 
 def microbatch_arrays(microbatches) -> dict[str, np.ndarray]:

@@ -202,6 +202,19 @@ class Layout:
         """Host arrays split by rows over data x fsdp (each process places its own rows)."""
         return jax.device_put(list(host_rows), self.batch)
 
+    def process_rows(self, rows: int, process: int) -> np.ndarray:
+        """Indices of the rows of a [rows, ...] batch that `process`'s devices hold, in the order
+        put_process_rows takes them (ascending)."""
+        spans = sorted({index[0].indices(rows)[:2]
+                        for device, index in self.batch.devices_indices_map((rows,)).items()
+                        if device.process_index == process})
+        return np.concatenate([np.arange(a, b) for a, b in spans]) if spans else np.zeros(0, np.int64)
+
+    def put_process_rows(self, host_rows: Sequence[np.ndarray], rows: int) -> list[jax.Array]:
+        """Arrays of `rows` rows split over data x fsdp, built from only this process's rows
+        (host arrays cut by process_rows): what a learner process receives of a batch."""
+        return [jax.make_array_from_process_local_data(self.batch, x, (rows, *x.shape[1:])) for x in host_rows]
+
     def scalar(self, value, dtype=np.float32) -> jax.Array:
         return jax.device_put(np.asarray(value, dtype), self.replicated)
 

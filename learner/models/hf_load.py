@@ -9,6 +9,13 @@ device. Tensors are read with preadv from the page cache; each lands once in its
 own aligned buffer, which the device adopts (kernels via a per-thread scratch read and a fused
 transpose + cast), on a few threads with at most 2 x threads in flight, so the host never holds
 a second model copy.
+
+With ``shardings`` (the learner's NamedSharding per parameter) each tensor goes straight onto the
+mesh instead: ``jax.make_array_from_callback`` asks for the slice each of this process's devices
+holds, which is read alone from the file (a block of HF rows with one read; a column slice, e.g.
+an FSDP-split kernel, through a memory map, touching only the pages of those columns), then
+transposed and cast. No device ever holds more than its shard, and no process reads the slices
+only other processes' devices hold.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import concurrent.futures
 import json
 import os
 import threading
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import ml_dtypes
@@ -124,22 +131,29 @@ def _read_into(fd: int, entry: TensorEntry, out: np.ndarray) -> np.ndarray:
     return out.view(entry.dtype).reshape(entry.shape)
 
 
-def _scratch(store: dict, nbytes: int) -> np.ndarray:
+def _scratch(store: dict, nbytes: int, slot: str = "") -> np.ndarray:
     """A per-thread byte buffer reused across tensors (no fresh pages to fault in); store lives
-    only as long as one load, so the buffers go with it."""
-    buf = store.get(threading.get_ident())
+    only as long as one load, so the buffers go with it. slot: a second buffer the same thread
+    uses at the same time."""
+    key = (threading.get_ident(), slot)
+    buf = store.get(key)
     if buf is None or buf.nbytes < nbytes:
-        buf = store[threading.get_ident()] = np.empty(nbytes, np.uint8)
+        buf = store[key] = np.empty(nbytes, np.uint8)
     return buf[:nbytes]
 
 
-def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+def load_params(path: str, cfg: ModelConfig, shardings=None,
+                on_tensor: Callable[[str, jax.Array], None] | None = None) -> tuple[nnx.GraphDef, nnx.State]:
     """Reads the weights of the checkpoint at ``path`` into params for the model cfg describes.
 
     Args:
       path: the checkpoint directory.
       cfg: the model config (normally ``hf_config.model_config_from_checkpoint(path, ...)``);
         params are cast to cfg.param_dtype.
+      shardings: where each parameter goes (a pytree of NamedSharding like the params, e.g.
+        ``Layout.params``): each tensor is placed straight onto its shards, each device receiving
+        only its slice. None: whole, on the default device.
+      on_tensor: called with (HF name, the placed array) after each tensor, in file order.
 
     Returns:
       (graphdef, params) as ``llama.init_params`` returns them.
@@ -170,6 +184,7 @@ def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
             p, var = wanted[name]
             _check_shape(path, name, index[file][name].shape, tuple(var.get_value().shape), is_kernel(p))
     dtype = _NP_DTYPES[cfg.param_dtype]
+    target = None if shardings is None else {p: _value(s) for p, s in nnx.to_flat_state(shardings)}
     loaded, scratch = {}, {}
     workers = min(4, os.cpu_count() or 1)
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
@@ -177,9 +192,15 @@ def load_params(path: str, cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
             fd = os.open(file, os.O_RDONLY)
             try:
                 work = [(wanted[n][0], index[file][n]) for n in by_file[file]]
-                copy = lambda pe: _device_copy(fd, *pe, dtype, scratch)  # noqa: E731
+                if target is None:
+                    copy = lambda pe: _device_copy(fd, *pe, dtype, scratch)  # noqa: E731
+                else:
+                    mapped = np.memmap(file, np.uint8, mode="r")  # column slices: their pages only
+                    copy = lambda pe: _sharded_copy(fd, mapped, *pe, dtype, target[pe[0]], scratch)  # noqa: E731
                 for p, array in _bounded_map(pool, copy, work, 2 * workers):
                     loaded[p] = wanted[hf_name(p)][1].replace(array)
+                    if on_tensor is not None:
+                        on_tensor(hf_name(p), array)
             finally:
                 os.close(fd)
     params = nnx.from_flat_state([(p, loaded[p]) for p, _ in flat])
@@ -223,6 +244,82 @@ def _device_copy(fd: int, path: tuple, entry: TensorEntry, dtype: np.dtype,
     return path, jax.device_put(out)
 
 
+def _value(leaf):
+    return leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+
+
+def _sharded_copy(fd: int, mapped: np.ndarray, path: tuple, entry: TensorEntry, dtype: np.dtype,
+                  sharding: jax.sharding.Sharding, scratch: dict) -> tuple[tuple, jax.Array]:
+    """(path, the tensor on its shards): each of this process's devices gets its own slice;
+    devices holding the same slice (replicated axes) share one read.
+
+    HF stores row-major [out, in]. A slice of whole HF rows is one contiguous read. Column
+    slices (a kernel's input axis split over fsdp) whose union is whole rows (all of this
+    process's devices together hold every column) share one read of those rows; narrower ones (a
+    host holding some columns only) are copied out of the memory map, which reads their pages.
+    """
+    kernel = is_kernel(path)
+    shape = entry.shape[::-1] if kernel else entry.shape
+    flip = (lambda b: b[::-1]) if kernel else (lambda b: b)  # noqa: E731  model <-> file axis order
+    wanted = {tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+              for index in sharding.addressable_devices_indices_map(shape).values()}
+    rows = _rows_source(fd, entry, [flip(b) for b in wanted], scratch)
+    slices: dict[tuple, np.ndarray] = {}
+
+    def shard(index: tuple) -> np.ndarray:
+        bounds = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+        if bounds in slices:
+            return slices[bounds]
+        stored, out = flip(bounds), aligned_empty(tuple(b - a for a, b in bounds), dtype)
+        if _whole_rows(stored, entry.shape) and not kernel and entry.dtype == dtype:
+            _read_rows(fd, entry, stored[0] if stored else (0, 1), None, out)  # straight into the shard
+            src = out
+        elif _whole_rows(stored, entry.shape):
+            src = _read_rows(fd, entry, stored[0] if stored else (0, 1), scratch)
+        elif rows is not None:
+            block, lo = rows
+            src = block[(slice(stored[0][0] - lo, stored[0][1] - lo),) + tuple(slice(a, b) for a, b in stored[1:])]
+        else:
+            whole = np.ndarray(entry.shape, entry.dtype, buffer=mapped, offset=entry.offset)
+            src = whole[tuple(slice(a, b) for a, b in stored)]
+        if src is not out:
+            if kernel:
+                transpose_into(out, src)
+            else:
+                np.copyto(out, src, casting="same_kind")
+        slices[bounds] = out
+        return out
+
+    return path, jax.make_array_from_callback(shape, sharding, shard, dtype=dtype)
+
+
+def _whole_rows(stored: tuple, shape: tuple) -> bool:
+    return all(a == 0 and b == n for (a, b), n in zip(stored[1:], shape[1:]))
+
+
+def _rows_source(fd: int, entry: TensorEntry, stored: list, scratch: dict):
+    """(the HF rows all column slices lie in, their first row) when the slices together span
+    whole rows and at least one is narrower; else None."""
+    if not entry.shape or all(_whole_rows(b, entry.shape) for b in stored):
+        return None
+    lo, hi = min(b[0][0] for b in stored), max(b[0][1] for b in stored)
+    for axis in range(1, len(entry.shape)):
+        if min(b[axis][0] for b in stored) > 0 or max(b[axis][1] for b in stored) < entry.shape[axis]:
+            return None  # some columns are no device's here: read only the pages of the slices
+    return _read_rows(fd, entry, (lo, hi), scratch, slot="rows"), lo
+
+
+def _read_rows(fd: int, entry: TensorEntry, rows: tuple, scratch: dict | None, out=None,
+               slot: str = "slice") -> np.ndarray:
+    """HF rows [r0, r1) with one read: into a per-thread scratch buffer (to be transposed or
+    cast), or with scratch None into out."""
+    r0, r1 = rows
+    row = entry.nbytes // entry.shape[0] if entry.shape and entry.shape[0] else entry.nbytes
+    block = TensorEntry(entry.dtype, (r1 - r0, *entry.shape[1:]) if entry.shape else (), entry.offset + r0 * row,
+                        (r1 - r0) * row)
+    return _read_into(fd, block, out if scratch is None else _scratch(scratch, block.nbytes, slot))
+
+
 def aligned_empty(shape: tuple, dtype: np.dtype, alignment: int = 64) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on an ``alignment``-byte boundary
     (XLA's CPU client aliases only such buffers)."""
@@ -248,12 +345,14 @@ def transpose_into(out: np.ndarray, matrix: np.ndarray, rows: int = 128, pad: in
         np.copyto(out[:, i:i + n], buf[:n, :c].T, casting="same_kind")
 
 
-def load_checkpoint(path: str, base: ModelConfig = ModelConfig()) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
+def load_checkpoint(path: str, base: ModelConfig = ModelConfig(), shardings=None,
+                    ) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
     """Config and weights of a Hugging Face checkpoint directory.
 
     Args:
       path: directory with config.json and safetensors weights.
       base: supplies param_dtype and compute_dtype (the architecture comes from config.json).
+      shardings: as for load_params (straight onto the mesh); None: one device.
 
     Returns:
       (model_cfg, graphdef, params).
@@ -263,5 +362,5 @@ def load_checkpoint(path: str, base: ModelConfig = ModelConfig()) -> tuple[Model
       FileNotFoundError: no config.json or no weights.
     """
     cfg = hf_config.model_config_from_checkpoint(path, base)
-    graphdef, params = load_params(path, cfg)
+    graphdef, params = load_params(path, cfg, shardings)
     return cfg, graphdef, params

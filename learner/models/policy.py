@@ -46,13 +46,14 @@ def build_policy(cfg, layout=None) -> Policy:
     """cfg: the whole launch Config (model section plus the learner's init seed).
 
     layout: a learner.sharding.Layout: the params come out on its mesh (a random init is built
-    shard by shard on the devices; a checkpoint is read by every process and placed).
+    shard by shard on the devices; a checkpoint's tensors are read slice by slice, each process
+    reading only what its devices hold, and placed straight onto their shards).
     """
     if cfg.model.path:
         from cadence.learner.models.hf_load import load_checkpoint
 
-        model_cfg, graphdef, params = load_checkpoint(cfg.model.path, cfg.model)
-        params = params if layout is None else layout.place(params)
+        model_cfg, graphdef, params = load_checkpoint(cfg.model.path, cfg.model,
+                                                      None if layout is None else layout.params)
         return Policy(model_cfg, graphdef, params, load_tokenizer(model_cfg))
     graphdef, params = init_params(cfg.model, cfg.learner.seed, None if layout is None else layout.params)
     return Policy(cfg.model, graphdef, params, CharTokenizer())

@@ -65,6 +65,25 @@ def count_sequences(microbatches: Sequence[Microbatch]) -> int:
     return total
 
 
+class WholeBatch(NamedTuple):
+    """What a train step needs from the whole batch when it is given only this process's rows
+    (a learner over several processes, learner/leader.py): the host-side counts it normalizes by."""
+
+    rows: int  # rows of each whole microbatch
+    sequences: tuple  # count_sequences of each microbatch
+    loss_tokens: tuple  # loss-mask sum of each microbatch
+
+    def part(self, indices: Sequence[int]) -> "WholeBatch":
+        return WholeBatch(self.rows, tuple(self.sequences[i] for i in indices),
+                          tuple(self.loss_tokens[i] for i in indices))
+
+
+def whole_batch(microbatches: Sequence[Microbatch]) -> WholeBatch:
+    """The WholeBatch of host microbatches (all rows)."""
+    return WholeBatch(len(microbatches[0].tokens), tuple(count_sequences([mb]) for mb in microbatches),
+                      tuple(float(np.asarray(mb.loss_mask).sum()) for mb in microbatches))
+
+
 def _sum_squares(tree) -> jax.Array:
     leaves = jax.tree.leaves(tree)
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
@@ -220,14 +239,15 @@ class GRPOTrainStep:
         packed, n, s = self._prepare(params, microbatches, num_tokens, packed)
         return self._accumulate_all(params, packed, n, s, proximal)
 
-    def _prepare(self, params, microbatches, num_tokens, packed):
+    def _prepare(self, params, microbatches, num_tokens, packed, whole: WholeBatch | None = None):
         if self._metric_keys is None:  # trace once abstractly (no compile) for the metric names
             _, shapes = jax.eval_shape(self.loss_fn, params, microbatches[0], jnp.float32(1.0))
             self._metric_keys = tuple(sorted(shapes))
         if packed is None:
-            packed = self.pack(microbatches)
+            packed = self.pack(microbatches, whole)
         n = self._scalar(max(int(num_tokens), 1))
-        s = self._scalar(max(count_sequences(microbatches), 1))
+        sequences = count_sequences(microbatches) if whole is None else sum(whole.sequences)
+        s = self._scalar(max(sequences, 1))
         return packed, n, s
 
     def _accumulate_all(self, params, packed, n, s, proximal):
@@ -246,11 +266,14 @@ class GRPOTrainStep:
             return jnp.asarray(value, jnp.float32)  # strong f32: one jit signature
         return self.layout.scalar(value)
 
-    def pack(self, microbatches: Sequence[Microbatch]) -> list[jax.Array]:
+    def pack(self, microbatches: Sequence[Microbatch], whole: WholeBatch | None = None) -> list[jax.Array]:
         """Device copies of host microbatches, one buffer each, all copies started at once (rows
-        split over data x fsdp with a layout: each process places its own rows)."""
+        split over data x fsdp with a layout: each process places its own rows). whole: given
+        when the microbatches hold only this process's rows."""
         host = [pack_microbatch(mb) for mb in microbatches]
-        return jax.device_put(host) if self.layout is None else self.layout.put_batch(host)
+        if self.layout is None:
+            return jax.device_put(host)
+        return self.layout.put_batch(host) if whole is None else self.layout.put_process_rows(host, whole.rows)
 
     def proximal_logprobs(self, params, microbatches: Sequence[Microbatch], packed=None) -> list[jax.Array]:
         """[M, T] log-probs of each microbatch's tokens under params (device arrays)."""
@@ -264,7 +287,8 @@ class GRPOTrainStep:
         return self._metric_keys or ()
 
     def update(
-        self, state: LearnerState, microbatches: Sequence[Microbatch], num_tokens: int
+        self, state: LearnerState, microbatches: Sequence[Microbatch], num_tokens: int,
+        whole: WholeBatch | None = None,
     ) -> tuple[LearnerState, dict]:
         """Train on one batch: learner.minibatches optimizer steps (default 1) over its microbatches.
 
@@ -272,6 +296,8 @@ class GRPOTrainStep:
           state: the current LearnerState.
           microbatches: host (NumPy) microbatches from build_microbatches (any count; one shape).
           num_tokens: total completion tokens of the batch (stats["num_tokens"]).
+          whole: given when `microbatches` hold only this process's rows (Layout.process_rows)
+            of a learner over several processes: the whole batch's counts.
 
         The state's Adam moments are donated to the update: use the returned state afterwards,
         not `state` (its params stay valid; they may still be sampled from).
@@ -289,19 +315,20 @@ class GRPOTrainStep:
         """
         chunks = [list(c) for c in np.array_split(np.arange(len(microbatches)), self.cfg.minibatches) if len(c)]
         if len(chunks) == 1:
-            state, metrics = self._update_minibatch(state, microbatches, num_tokens)
+            state, metrics = self._update_minibatch(state, microbatches, num_tokens, whole=whole)
             return state._replace(step=state.step + 1), {**metrics, "step": state.step + 1}
-        packed = self.pack(microbatches)  # once: the proximal pass and the updates share it
+        packed = self.pack(microbatches, whole)  # once: the proximal pass and the updates share it
         proximal = None
         if self.cfg.grpo.correction == "decoupled":  # the trust region is around the batch's start
             proximal = self.proximal_logprobs(state.params, microbatches, packed)
         per_update = []
         for chunk in chunks:
             mbs = [microbatches[i] for i in chunk]
-            tokens = int(sum(np.asarray(mb.loss_mask).sum() for mb in mbs))
+            part = None if whole is None else whole.part(chunk)
+            tokens = int(sum(np.asarray(mb.loss_mask).sum() for mb in mbs) if part is None else sum(part.loss_tokens))
             state, m = self._update_minibatch(state, mbs, tokens,
                                               None if proximal is None else [proximal[i] for i in chunk],
-                                              [packed[i] for i in chunk])
+                                              [packed[i] for i in chunk], part)
             per_update.append(m)
         metrics = {k: (float(np.mean([m[k] for m in per_update])) if isinstance(v, float) else v)
                    for k, v in per_update[-1].items()}
@@ -314,12 +341,12 @@ class GRPOTrainStep:
         return state._replace(step=state.step + 1), metrics
 
     def _update_minibatch(self, state: LearnerState, microbatches, num_tokens: int, proximal=None,
-                          packed=None):
+                          packed=None, whole: WholeBatch | None = None):
         """One optimizer step on the given microbatches; (state with step unchanged, metrics)."""
         params = state.params
         if not microbatches:
             raise ValueError("update: no microbatches")
-        packed, n, s = self._prepare(params, microbatches, num_tokens, packed)
+        packed, n, s = self._prepare(params, microbatches, num_tokens, packed, whole)
         if len(packed) > 1:
             grads, per_mb = self._accumulate_all(params, packed, n, s, proximal)
             new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
@@ -339,7 +366,8 @@ class GRPOTrainStep:
             grad_norm=float(grad_norm),
             grad_norm_sq=float(grad_norm) ** 2,
             microbatch_grad_norm_sq=per_mb[:, -1].tolist(),
-            microbatch_tokens=[float(np.asarray(mb.loss_mask).sum()) for mb in microbatches],
+            microbatch_tokens=(list(whole.loss_tokens) if whole is not None
+                               else [float(np.asarray(mb.loss_mask).sum()) for mb in microbatches]),
             tokens=int(num_tokens),
             num_microbatches=len(microbatches),
         )

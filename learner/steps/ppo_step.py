@@ -37,7 +37,7 @@ from cadence.learner.algorithms.grpo import finalize_metrics, grpo_token_loss, t
 from cadence.learner.algorithms.logprobs import chunked_token_logprobs
 from cadence.learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from cadence.learner.config import LearnerConfig
-from cadence.learner.steps.grpo_step import _sum_squares, check_temperature, count_sequences, master_copy
+from cadence.learner.steps.grpo_step import WholeBatch, _sum_squares, check_temperature, count_sequences, master_copy
 
 
 class PPOState(NamedTuple):
@@ -241,8 +241,9 @@ class PPOTrainStep:
         return PPOState(params, self._init_opt(params), 0, critic, self._init_critic_opt(critic), ref)
 
     def accumulate_gradients(self, state: PPOState, microbatches: Sequence[Microbatch],
-                             num_tokens: int) -> tuple[Any, list, dict]:
-        """Start-of-step values/advantages, then the full-batch gradient summed over microbatches.
+                             num_tokens: int, whole: WholeBatch | None = None) -> tuple[Any, list, dict]:
+        """Start-of-step values/advantages, then the full-batch gradient summed over microbatches
+        (whole: as for GRPOTrainStep.update, when they hold only this process's rows).
 
         Returns:
           ((policy grads, critic grads), per-microbatch [K + 1] stat vectors (metric_keys order,
@@ -252,7 +253,10 @@ class PPOTrainStep:
         if not microbatches:
             raise ValueError("accumulate_gradients: no microbatches")
         host = [pack_microbatch(mb, include_rewards=True) for mb in microbatches]
-        packed = jax.device_put(host) if self.layout is None else self.layout.put_batch(host)
+        if self.layout is None:
+            packed = jax.device_put(host)
+        else:
+            packed = self.layout.put_batch(host) if whole is None else self.layout.put_process_rows(host, whole.rows)
         prepared, sums = [], []
         for p in packed:
             out, s = self._prepare(state.params, state.critic_params, state.ref_params, p)
@@ -262,7 +266,8 @@ class PPOTrainStep:
         adv_sum, adv_sq_sum, kl_sum = np.asarray(jax.device_get(sums), np.float64).sum(axis=0)
         adv_mean = float(adv_sum / n_tok)
         adv_std = float(np.sqrt(max(adv_sq_sum / n_tok - adv_mean**2, 0.0)))
-        normalizers = np.asarray([n_tok, max(count_sequences(microbatches), 1), adv_mean, adv_std],
+        sequences = count_sequences(microbatches) if whole is None else sum(whole.sequences)
+        normalizers = np.asarray([n_tok, max(sequences, 1), adv_mean, adv_std],
                                  np.float32)
         normalizers = jnp.asarray(normalizers) if self.layout is None else self.layout.scalar(normalizers)
         if self._metric_keys is None:  # abstract trace (no compile) for the metric names
@@ -280,8 +285,8 @@ class PPOTrainStep:
                 "kl_ref_start": float(kl_sum / n_tok)}
         return grads, per_mb, info
 
-    def update(self, state: PPOState, microbatches: Sequence[Microbatch], num_tokens: int
-               ) -> tuple[PPOState, dict]:
+    def update(self, state: PPOState, microbatches: Sequence[Microbatch], num_tokens: int,
+               whole: WholeBatch | None = None) -> tuple[PPOState, dict]:
         """One PPO update on the whole batch (microbatches from build_microbatches, with rewards).
 
         Returns:
@@ -290,7 +295,7 @@ class PPOTrainStep:
           value_mean, return_mean, explained_variance, value_clip_frac, advantage_mean / _std
           (GAE, before whitening), kl_ref and kl_ref_start (if kl_coef > 0), critic_grad_norm.
         """
-        grads, per_mb, info = self.accumulate_gradients(state, microbatches, num_tokens)
+        grads, per_mb, info = self.accumulate_gradients(state, microbatches, num_tokens, whole)
         params, opt_state, critic, critic_opt, grad_norm, critic_norm = self._apply(
             state.params, state.opt_state, state.critic_params, state.critic_opt_state, grads)
         hyper = optim.hyperparam_arrays(opt_state)
@@ -305,7 +310,8 @@ class PPOTrainStep:
             grad_norm=float(grad_norm), grad_norm_sq=float(grad_norm) ** 2,
             critic_grad_norm=float(critic_norm),
             microbatch_grad_norm_sq=per_mb[:, -1].tolist(),
-            microbatch_tokens=[float(np.asarray(mb.loss_mask).sum()) for mb in microbatches],
+            microbatch_tokens=(list(whole.loss_tokens) if whole is not None
+                               else [float(np.asarray(mb.loss_mask).sum()) for mb in microbatches]),
             tokens=int(num_tokens), num_microbatches=len(microbatches), step=state.step + 1,
         )
         if state.ref_params is not None:

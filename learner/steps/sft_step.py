@@ -118,10 +118,12 @@ class SFTStep:
         """Fresh Adam state (float32 moments) for `params`."""
         return self._init(params)
 
-    def update(self, params, opt_state, batch: Microbatch) -> tuple[Any, Any, dict]:
+    def update(self, params, opt_state, batch: Microbatch, rows: int | None = None) -> tuple[Any, Any, dict]:
         """One Adam step; returns (params, opt_state, metrics as host floats: loss (before the
-        step), token_accuracy, tokens)."""
+        step), token_accuracy, tokens). rows: the whole batch's, when `batch` holds only this
+        process's rows (Layout.process_rows) of a learner over several processes."""
         if self.layout is not None:  # each process places its own rows
-            batch = Microbatch(*self.layout.put_batch([np.asarray(x) for x in batch]))
+            host = [np.asarray(x) for x in batch]
+            batch = Microbatch(*(self.layout.put_batch(host) if rows is None else self.layout.put_process_rows(host, rows)))
         params, opt_state, metrics = self._update(params, opt_state, batch)
         return params, opt_state, {k: float(v) for k, v in jax.device_get(metrics).items()}

@@ -24,7 +24,8 @@ def cadence(*args, timeout=1500):
 
 
 def test_two_processes_equal_one_in_sync_mode_and_resume_on_one(tmp_path):
-    sync = BASE + ["actors.max_staleness=0", "run.steps=5", "run.eval_every=5"]
+    # checkpoints every 2 steps: written asynchronously by both processes while training goes on
+    sync = BASE + ["actors.max_staleness=0", "run.steps=5", "run.eval_every=5", "checkpoint.every_steps=2"]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     r1 = cadence(*sync, f"run.dir={one}")
     r2 = cadence(*sync, "learner.processes=2", f"run.dir={two}")

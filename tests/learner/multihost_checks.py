@@ -2,10 +2,12 @@
 
 Run by multihost_test.py: `python multihost_checks.py OUT_DIR` twice, with CADENCE_COORDINATOR,
 CADENCE_NUM_PROCESSES=2 and CADENCE_PROCESS_ID set. Checks on process 0: two updates through the
-channel equal a single-device reference; a weight-sync bucket of an *older* params generation
+channel equal a single-device reference; an HF checkpoint loads onto the mesh across both
+processes, each process reading its slices, equal to a one-device load; a weight-sync bucket of an *older* params generation
 (as an actor thread's sync sees it after the learner moved on) arrives whole and exact; an HF
-export written a shard at a time equals the gathered params; a checkpoint save reaches every
-process. Each process writes OUT_DIR/result-<id>.json.
+export written a shard at a time equals the gathered params; an asynchronous checkpoint save
+reaches every process; each update delivers the follower only its rows (fewer bytes than the whole batch).
+Each process writes OUT_DIR/result-<id>.json.
 """
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ from cadence.learner.config import DistributedConfig, LearnerConfig, MeshConfig,
 from cadence.learner.leader import Follower, Leader  # noqa: E402
 from cadence.learner.models import llama  # noqa: E402
 from cadence.learner.models.config import ModelConfig  # noqa: E402
+from cadence.learner.models import hf_load  # noqa: E402
 from cadence.learner.models.hf_export import export_checkpoint, hf_tensors  # noqa: E402
-from cadence.learner.multihost import join  # noqa: E402
+from cadence.learner.models.hf_random import write_random_checkpoint  # noqa: E402
+from cadence.learner.multihost import _bucket, encode, join, microbatch_arrays  # noqa: E402
 from cadence.learner.steps import make_train_step  # noqa: E402
 from cadence.protocols.testing import rollout_group  # noqa: E402
 
@@ -56,19 +60,35 @@ def host(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
 
 
+def check_hf_load(out_dir: str, process: int, layout) -> bool:
+    """An HF checkpoint loaded onto the mesh across both processes (each reads only the slices
+    its devices hold: here half the rows of tensor-split and half the columns of fsdp-split
+    kernels) equals a one-device load on every shard."""
+    ckpt = os.path.join(out_dir, f"hf-in-{process}")  # each process writes the same checkpoint
+    write_random_checkpoint(ckpt, MODEL, tokenizer=False, max_shard_bytes=20_000)
+    _, sharded = hf_load.load_params(ckpt, MODEL, layout.params)
+    _, whole = hf_load.load_params(ckpt, MODEL)
+    return all(a.sharding == s and all(np.array_equal(np.asarray(shard.data), np.asarray(w)[shard.index])
+                                       for shard in a.addressable_shards)
+               for a, w, s in zip(jax.tree.leaves(sharded), jax.tree.leaves(whole), jax.tree.leaves(layout.params)))
+
+
 def main(out_dir: str) -> None:
     group = join(DistributedConfig())  # from the environment
     assert group.num_processes == 2 and len(jax.devices()) == 4
     _, abstract = llama.abstract_params(MODEL)
     layout = sharding.make_layout(CFG.mesh, abstract)
     graphdef, params = llama.init_params(MODEL, 0, layout.params)
+    hf_load_ok = check_hf_load(out_dir, group.process_id, layout)
     step = make_train_step(graphdef, CFG, layout)
-    ckpt = Checkpointer(os.path.join(out_dir, "ckpt"), CheckpointConfig(async_save=False))
-    result = {"process": group.process_id}
+    ckpt = Checkpointer(os.path.join(out_dir, "ckpt"), CheckpointConfig())  # asynchronous saves
+    result = {"process": group.process_id, "hf_load_ok": hf_load_ok}
     if not group.is_leader:
         follower = Follower(group, layout, step, params, ckpt, arrays_of)
         final = follower.run()
-        result.update(steps=int(final.step), held=sorted(follower.held), commands=follower.channel.commands)
+        rows = layout.process_rows(4, group.process_id).tolist()
+        result.update(steps=int(final.step), held=sorted(follower.held), commands=follower.channel.commands,
+                      update_bytes=follower.received_bytes["update"], rows=rows)
     else:
         lead = Leader(group, layout, params)
         leader_step = lead.wrap_step(step)
@@ -103,11 +123,19 @@ def main(out_dir: str) -> None:
             np.array_equal(exported[t.name], w.T if t.transposed else w) for t, w in whole2)
         gen1 = lead.generation(s1.params)
         del s1, tensors, bucket, by_leaf  # version 1 is gone on process 0: the next command releases it
-        lead.wrap_checkpointer(ckpt).save(2, arrays_of(s2), {"step": 2})
+        lead.wrap_checkpointer(ckpt).save(2, arrays_of(s2), {"step": 2})  # written while the next update runs
+        save_was_async = ckpt._pending is not None  # returned before the write finished
+        # a larger batch (16 microbatches), where what a process receives is mostly its rows
+        batches.append(build_microbatches(groups(16, 2), 16, 4, 0, CFG.grpo))
+        ckpt.wait()  # the update donates the Adam moments being written (LearnerLoop's before_update)
+        s3, _ = leader_step.update(s2, batches[2][0], batches[2][1]["num_tokens"])
         lead.stop()
-        result.update(losses=losses, max_param_diff=diff, bucket_ok=bucket_ok, export_ok=export_ok,
+        # what a whole-batch broadcast of the same updates delivered to each process (its length,
+        # then the payload padded to its bucket), the protocol before rows were cut per process
+        whole_bytes = sum(4 + 4 * _bucket(len(encode("update", {}, microbatch_arrays(mbs)))) for mbs, _ in batches)
+        result.update(losses=losses, whole_bytes=whole_bytes, save_was_async=save_was_async, max_param_diff=diff, bucket_ok=bucket_ok, export_ok=export_ok,
                       shards=len([n for n in os.listdir(os.path.join(out_dir, "hf")) if n.endswith(".safetensors")]),
-                      released_gen=gen1, current_gen=lead.generation(s2.params), steps=int(s2.step))
+                      released_gen=gen1, current_gen=lead.generation(s3.params), steps=int(s3.step))
     ckpt.close()
     with open(os.path.join(out_dir, f"result-{group.process_id}.json"), "w") as f:
         json.dump(result, f)

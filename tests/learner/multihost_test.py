@@ -43,8 +43,12 @@ def test_leader_and_follower_stay_in_step(tmp_path):
     # sharded_checks.PARAMS_AFTER_ADAM_TOL
     assert lead["max_param_diff"] <= 1e-4
     assert lead["bucket_ok"] and lead["export_ok"] and lead["shards"] > 1
-    assert follow["steps"] == lead["steps"] == 2
+    assert follow["steps"] == lead["steps"] == 3
+    assert lead["hf_load_ok"] and follow["hf_load_ok"]
+    # the follower received only its rows of each batch (half: fsdp splits rows over the processes)
+    assert follow["rows"] == [2, 3]
+    assert follow["update_bytes"] < lead["whole_bytes"]
     # the follower let go of the generation process 0 dropped, and kept the current one
     assert lead["released_gen"] not in follow["held"] and lead["current_gen"] in follow["held"]
     # both processes wrote their part of the checkpoint, and it is complete
-    assert (tmp_path / "ckpt" / "2").is_dir()
+    assert lead["save_was_async"] and (tmp_path / "ckpt" / "2").is_dir()
