@@ -40,6 +40,7 @@ from cadence.learner.checkpoint import Checkpointer
 from cadence.learner.controller import Generation, make_controller
 from cadence.learner.dynamic_sampling import make_group_filter
 from cadence.learner.loop import LearnerLoop, LoopSettings
+from cadence.learner.models import lora
 from cadence.learner.models.llama import count_params
 from cadence.learner.steps import make_train_step
 from cadence.learner.steps.scoring import llama_logits
@@ -128,6 +129,9 @@ class _Learner:
     evaluate_params: object  # params -> eval metrics
     sft_metrics: dict
     seq_len: int
+    # state.params -> the policy's plain-model params (LoRA: base + adapters merged; else itself)
+    policy_params: object = None
+    lora_base: dict | None = None  # LoRA: the frozen base's path and sha256 (checkpoint meta)
 
 
 def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: str, resuming: bool,
@@ -136,13 +140,14 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     the task preflight built (a dataset is read once). A following process of a sharded learner
     runs its whole part here and returns its summary."""
     policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
+    graphdef, params0, lora_base = _lora_model(cfg, policy, procs)  # LoRA: base joined with adapters
     L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
     if cfg.learner.microbatch_tokens > 0:  # packed rows are L long: the budget must hold whole rows
         try:
             packing.rows_per_microbatch(cfg.learner.microbatch_tokens, L, procs.layout.rows if procs.layout else 1)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    train_step = make_train_step(policy.graphdef, cfg.learner, procs.layout,  # [sharded learner]
+    train_step = make_train_step(graphdef, cfg.learner, procs.layout,  # [sharded learner]
                                  completion_budget=cfg.engine.max_new_tokens, temperature=cfg.engine.temperature)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
@@ -151,7 +156,9 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     if not procs.group.is_leader:
         return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params)
     train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)
-    template = train_step.init(policy.params) if resuming else None
+    if resuming:  # LoRA or not, same base: checked before orbax restores into the template
+        run_state.check_lora_base(run_dir, run_state.newest_meta(checkpointer.directory), lora_base)
+    template = train_step.init(params0) if resuming else None
     begin = run_state.begin(cfg, run_dir, checkpointer, template and arrays_of(template), task, progress, resume,
                             resuming)
     progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(policy.params):,} params | "
@@ -163,6 +170,9 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     envs = EnvRunner.from_config(cfg.task) if is_multi_turn(task) else None  # the run's env limits
     evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=task.heldout(),
                                                        scorer=scorer, envs=envs))  # [sharded learner]
+    policy_params = train_step.policy_params if lora_base else (lambda params: params)
+    if lora_base:  # evaluation (and actors, exports) see base + adapters merged
+        evaluate_params = _after(policy_params, evaluate_params)
     sft_metrics = {}
     if begin.restored:
         state = template._replace(**begin.arrays, step=begin.step0)
@@ -171,14 +181,34 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
                 params_sha256=artifacts.params_digest(procs.gather(state.params)),
                 learner_processes=procs.group.num_processes)
     else:  # warm up first: PPO's reference policy and critic trunk start from the weights RL starts from
-        params, sft_metrics = supervised_warmup(cfg, logits_fn, policy.params, begin.stream, L,
+        params, sft_metrics = supervised_warmup(cfg, logits_fn, params0, begin.stream, L,
                                                 policy.tokenizer.pad_id, progress, sft_step)  # [sharded learner]
         begin.ledger.warmup(begin.stream.position)
         state = train_step.init(params)
     if wrap_train_step is not None:
         train_step = wrap_train_step(train_step)
     return _Learner(policy, task, train_step, checkpointer, begin, state, engine, scorer, evaluate_params,
-                    sft_metrics, L)
+                    sft_metrics, L, policy_params, lora_base)
+
+
+def _after(first, then):
+    return lambda params: then(first(params))
+
+
+def _lora_model(cfg: Config, policy, procs: LearnerProcesses):
+    """(graphdef, params, base record) the learner trains: the policy's own, or with
+    learner.lora.rank > 0 the LoRA model (fresh adapters joined with the frozen base) and the
+    base's path and sha256, which checkpoints record and a resume checks."""
+    lora_cfg = cfg.learner.lora
+    if not lora_cfg.rank:
+        return policy.graphdef, policy.params, None
+    if procs.layout is not None:
+        raise ConfigError("learner.lora.rank: LoRA runs on one device for now; set learner.mesh to a "
+                          "single device (e.g. learner.mesh.fsdp=1) or lora.rank=0")
+    graphdef, adapters = lora.init_adapters(policy.model_cfg, lora_cfg, cfg.learner.seed)
+    base = {"path": policy.model_cfg.path, "sha256": artifacts.params_digest(policy.params),
+            "rank": lora_cfg.rank, "alpha": lora_cfg.alpha, "targets": list(lora_cfg.targets)}
+    return graphdef, lora.join(policy.params, adapters), base
 
 
 @dataclasses.dataclass
@@ -210,6 +240,8 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
                                  procs.fetch) if threads_drive_sglang else learner.engine
     # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
     publish = procs.publisher(whole=not threads_drive_sglang)
+    if learner.lora_base:  # actors get base + adapters merged: every engine and weight sync as before
+        publish = _after(learner.policy_params, publish)
     pipe = Pipeline(cfg, run_dir, learner.task, begin.stream, begin.ledger, course.batch_size,
                     InProcessWeights(publish(state.params), begin.step0),
                     actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), learner.scorer,
@@ -237,7 +269,7 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
                        before_update=learner.checkpointer.wait,  # the update donates what a save may still read
                        samples=meta["samples"] if begin.restored else 0,
                        dropped=meta["dropped"] if begin.restored else None)
-    snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock)
+    snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock, learner.lora_base)
     recorder = Recorder(cfg.run, sinks, progress, learner.evaluate_params, learner.checkpointer, begin.summary,
                         clock, snapshot, samples0=loop.samples)
     return _Run(pipe, loop, recorder, sinks, actor_engine)
@@ -307,7 +339,8 @@ def _generation_meter(cfg, pipe: Pipeline, actor_engine, begin):
     return measure
 
 
-def _snapshot(cfg, loop: LearnerLoop, pipe: Pipeline, begin, controller, clock, state, finished: bool) -> dict:
+def _snapshot(cfg, loop: LearnerLoop, pipe: Pipeline, begin, controller, clock, lora_base, state,
+              finished: bool) -> dict:
     """Everything besides arrays that the run needs to continue, taken at a step boundary."""
     ledger, stream = begin.ledger, begin.stream
     with ledger.lock:  # the dispatcher cannot move prompts between states while we look
@@ -320,6 +353,8 @@ def _snapshot(cfg, loop: LearnerLoop, pipe: Pipeline, begin, controller, clock, 
         "summary": {k: v for k, v in begin.summary.items() if k != "last_eval"},
         "actors_seed": cfg.actors.seed, "config": to_dict(cfg),
     })
+    if lora_base:  # the arrays are adapters: which base they belong to (the base is never written)
+        meta["lora_base"] = lora_base
     return meta
 
 
@@ -330,10 +365,15 @@ def _finish(cfg: Config, run_dir: str, learner: _Learner, state, preempted: bool
     summary["wall_time"] = begin.clock()
     summary["checkpoint_blocked_seconds"] = learner.checkpointer.blocked_seconds
     if not preempted:
-        procs.save_params(run_dir, state.params, artifacts.save_params)  # [sharded learner] every process
+        params = learner.policy_params(state.params)  # LoRA: merged; else the state's own
+        procs.save_params(run_dir, params, artifacts.save_params)  # [sharded learner] every process
         if cfg.model.path:  # a checkpoint came in: ship the trained weights in the same format
             summary["hf_export"] = os.path.join(run_dir, "hf")
-            export_policy(learner.policy, state.params, summary["hf_export"], fetch=procs.fetch)  # a shard at a time
+            export_policy(learner.policy, params, summary["hf_export"], fetch=procs.fetch)  # a shard at a time
+        if learner.lora_base:  # and the adapters alone, as PEFT loads them
+            summary["peft_adapter"] = lora.write_peft_adapter(state.params, cfg.learner.lora,
+                                                              os.path.join(run_dir, "peft"), cfg.model.path)
+        del params
         summary["final_eval"] = summary.get("last_eval") or learner.evaluate_params(state.params)
     summary.pop("last_eval", None)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
