@@ -1,0 +1,99 @@
+"""LoRA runs end to end from the sort-6 fixture checkpoint: exact resume, the base check, learning."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from cadence.launch.config import load_config
+from cadence.launch.config_loader import ConfigError
+from cadence.launch.metrics import read_metrics
+from cadence.launch.run.train import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# ../shared beside the checkout (CI), or beside the directory of worktrees
+FIXTURES = [os.path.join(up, "shared", "fixtures", "sort6-sft-llama")
+            for up in (os.path.dirname(ROOT), os.path.dirname(os.path.dirname(ROOT)))]
+TIMING = ("seconds", "per_second", "wall_time", "checkpoint/", "actors/", "actor/", "queue/")
+
+
+@pytest.fixture
+def fixture_dir():
+    for path in FIXTURES:
+        if os.path.isdir(path):
+            return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{FIXTURES[0]} is missing (CI lays shared/ beside the clone)")
+    pytest.skip(f"{FIXTURES[0]} is missing")
+
+
+def _cfg(model_path, run_dir, *extra):
+    return load_config([os.path.join(ROOT, "benchmarks", "configs", "reference.yaml")], [
+        f"model.path={model_path}", "learner.sft.steps=0", "learner.lora.rank=4", "learner.lora.alpha=8",
+        "learner.optimizer.lr=3e-3", "learner.batch_size=32", "learner.microbatch_size=16",
+        "actors.max_staleness=0", "task.heldout_size=16", "run.eval_every=2", "run.progress=false",
+        "checkpoint.every_steps=0", "task.seed=0", "actors.seed=0", "learner.seed=0", f"run.dir={run_dir}",
+        *extra])
+
+
+def _arrays(path):
+    import jax
+    import orbax.checkpoint as ocp
+    with ocp.StandardCheckpointer() as c:
+        return [np.asarray(x) for x in jax.tree.leaves(c.restore(path))]
+
+
+def _last_state(run_dir):
+    step = max(int(n) for n in os.listdir(os.path.join(run_dir, "checkpoints")) if n.isdigit())
+    return os.path.join(run_dir, "checkpoints", str(step), "state")
+
+
+def _deterministic(rows):
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in rows]
+
+
+@pytest.mark.slow
+def test_a_stopped_and_resumed_lora_run_equals_an_uninterrupted_one(tmp_path, fixture_dir):
+    straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
+    train(_cfg(fixture_dir, straight, "run.steps=4"))
+    train(_cfg(fixture_dir, broken, "run.steps=2"))
+    summary = train(_cfg(fixture_dir, broken, "run.steps=4"), resume="yes")
+    assert summary["resumed_from"][-1]["step"] == 2
+
+    # the checkpoint: adapters and their Adam state, a few KB, never the base
+    state = _arrays(_last_state(straight))
+    assert sum(x.nbytes for x in state) < 0.5 * 135_488 * 4
+    for x, y in zip(state, _arrays(_last_state(broken)), strict=True):
+        assert np.array_equal(x, y)
+    for x, y in zip(_arrays(os.path.join(straight, "params")), _arrays(os.path.join(broken, "params")), strict=True):
+        assert np.array_equal(x, y)  # the merged policy
+    assert _deterministic(read_metrics(straight)) == _deterministic(read_metrics(broken))
+    meta = json.load(open(os.path.join(_last_state(straight), "..", "meta", "metadata")))
+    assert meta["lora_base"]["path"] == fixture_dir and len(meta["lora_base"]["sha256"]) == 64
+    # the exports: a merged HF checkpoint and a PEFT adapter directory
+    assert os.path.isfile(os.path.join(straight, "hf", "config.json"))
+    assert json.load(open(os.path.join(straight, "peft", "adapter_config.json")))["r"] == 4
+
+
+def test_resume_refuses_another_base_and_a_full_weight_resume(tmp_path, fixture_dir):
+    base = str(tmp_path / "base")
+    shutil.copytree(fixture_dir, base)
+    run = str(tmp_path / "run")
+    small = ("run.eval_every=0", "task.heldout_size=4")
+    train(_cfg(base, run, "run.steps=1", *small))
+    # the same path, other weights: the digest tells
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(os.path.join(base, "model.safetensors"))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = tensors[name] + np.float32(1e-3)
+    save_file(tensors, os.path.join(base, "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="model.path: .* LoRA adapters trained on the base .* sha256"):
+        train(_cfg(base, run, "run.steps=2", *small), resume="yes")
+    with pytest.raises(ConfigError, match="learner.lora.rank: the checkpoint .* holds LoRA adapters"):
+        train(_cfg(base, run, "run.steps=2", *small, "learner.lora.rank=0"), resume="yes")
+    shutil.copy(os.path.join(fixture_dir, "model.safetensors"), os.path.join(base, "model.safetensors"))
+    with pytest.raises(ConfigError, match="learner.lora.rank: the checkpoint .* has 4, this run 8"):
+        train(_cfg(base, run, "run.steps=2", *small, "learner.lora.rank=8"), resume="yes")
+    summary = train(_cfg(base, run, "run.steps=2", *small), resume="yes")  # the same base: goes on
+    assert summary["steps"] == 2
