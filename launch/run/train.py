@@ -195,6 +195,18 @@ def _after(first, then):
     return lambda params: then(first(params))
 
 
+class _LoraWeights:
+    """Where a LoRA run's loop publishes its adapters: actor threads get them merged into the
+    base (`merged`), actor processes the adapters alone (megabytes, not the model), which they
+    merge into the base they loaded themselves (launch/cluster/actor_process.py)."""
+
+    def __init__(self, pipe: Pipeline, merged):
+        self.pipe, self.merged = pipe, merged
+
+    def publish(self, adapters, version: int) -> None:
+        self.pipe.publish(self.merged(adapters), version, remote=adapters)
+
+
 def _lora_model(cfg: Config, policy, procs: LearnerProcesses):
     """(graphdef, params, base record) the learner trains: the policy's own, or with
     learner.lora.rank > 0 the LoRA model (fresh adapters joined with the frozen base) and the
@@ -240,12 +252,13 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
                                  procs.fetch) if threads_drive_sglang else learner.engine
     # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
     publish = procs.publisher(whole=not threads_drive_sglang)
-    if learner.lora_base:  # actors get base + adapters merged: every engine and weight sync as before
+    lora_run = learner.lora_base is not None
+    if lora_run:  # actor threads get base + adapters merged (every engine and weight sync as before)
         publish = _after(learner.policy_params, publish)
     pipe = Pipeline(cfg, run_dir, learner.task, begin.stream, begin.ledger, course.batch_size,
                     InProcessWeights(publish(state.params), begin.step0),
                     actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), learner.scorer,
-                    supervisor=early)
+                    supervisor=early, remote_params=state.params if lora_run else None)
     if course.concurrency is not None and course.concurrency != cfg.actors.prompts_per_call:
         pipe.set_concurrency(course.concurrency)  # a resumed run: where the controller had moved it
     clock = begin.clock
@@ -258,11 +271,13 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
         before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
             ("reward", record0["eval/reward"])
         progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
-    loop = LearnerLoop(learner.train_step, pipe.queue, pipe.gate, pipe,
+    # LoRA: actor processes fetch the adapters alone and merge them into their own base
+    weights = _LoraWeights(pipe, publish) if lora_run else pipe
+    loop = LearnerLoop(learner.train_step, pipe.queue, pipe.gate, weights,
                        LoopSettings(G, cfg.learner.microbatch_size, learner.seq_len,
                                     policy.tokenizer.pad_id, cfg.learner.grpo, cfg.learner.microbatch_tokens),
                        health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
-                       ledger=begin.ledger, publish=publish,  # [sharded learner]
+                       ledger=begin.ledger, publish=None if lora_run else publish,  # [sharded learner]
                        # its rates count from now: after the step-0 evaluation
                        measure_generation=_generation_meter(cfg, pipe, actor_engine, begin),
                        group_filter=make_group_filter(cfg.learner),  # dynamic sampling (None when off)

@@ -124,7 +124,8 @@ def merge_weights(base: nnx.State, adapters: nnx.State, lora_cfg) -> nnx.State:
 
 
 def adapter_bytes(adapters: nnx.State) -> int:
-    return int(sum(x.nbytes for x in jax.tree.leaves(adapters)))
+    """Bytes of the adapters (arrays or ShapeDtypeStructs)."""
+    return int(sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(adapters)))
 
 
 # ---- PEFT ---------------------------------------------------------------------------------------

@@ -97,3 +97,17 @@ def test_resume_refuses_another_base_and_a_full_weight_resume(tmp_path, fixture_
         train(_cfg(base, run, "run.steps=2", *small, "learner.lora.rank=8"), resume="yes")
     summary = train(_cfg(base, run, "run.steps=2", *small), resume="yes")  # the same base: goes on
     assert summary["steps"] == 2
+
+
+def test_actor_processes_fetch_adapters_only_and_run_the_merged_policy(tmp_path, fixture_dir):
+    run = str(tmp_path / "run")
+    summary = train(_cfg(fixture_dir, run, "run.steps=3", "actors.processes=1", "actors.num_actors=0",
+                         "run.eval_every=0", "task.heldout_size=8"))
+    assert summary["steps"] == 3 and summary["ledger"]["consumed"] == 3 * 32 // 8
+    last = read_metrics(run)[-1]
+    # rank 4 on all seven projections of the 2-layer, d=64 fixture: 20,480 float32 adapter scalars
+    adapters_bytes = 2 * 4 * 4 * (4 * (64 + 64) + 3 * (64 + 256))
+    assert last["actors/weights_sent"] >= 1
+    assert last["actors/weights_sent_bytes"] == last["actors/weights_sent"] * adapters_bytes
+    # the actor sampled from the learner's policy: base + adapters, merged there (sync mode)
+    assert all(r["logprob_diff_abs"] < 1e-4 for r in read_metrics(run) if "logprob_diff_abs" in r)
