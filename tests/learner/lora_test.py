@@ -143,6 +143,29 @@ def test_an_update_trains_only_the_adapters(param_dtype):
     assert not np.array_equal(_leaves(merged)[q], _leaves(base)[q])
 
 
+@pytest.mark.parametrize("extra", [dict(minibatches=2), dict(microbatch_tokens=48)], ids=["minibatches", "packed"])
+def test_lora_minibatches_and_packed_rows_keep_the_base(extra):
+    lc = LoraConfig(rank=2, alpha=4.0, targets=("v", "o"))
+    cfg = dataclasses.replace(_learner_cfg(lc), microbatch_size=4, **extra)
+    if "minibatches" in extra:  # the decoupled correction's proximal pass runs too
+        cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, correction="decoupled"))
+    _, base = llama.init_params(TINY, 0)
+    base_copy = jax.tree.map(lambda x: np.array(x), base)
+    lgraphdef, adapters = lora.init_adapters(TINY, lc, seed=0)
+    step = make_train_step(lgraphdef, cfg)
+    state = step.init(lora.join(base, adapters))
+    groups = _groups(0)
+    if cfg.microbatch_tokens:
+        from cadence.learner.packing import pack_microbatches, rows_per_microbatch
+        mbs, stats = pack_microbatches(groups, T, rows_per_microbatch(cfg.microbatch_tokens, T), 0, cfg.grpo)
+    else:
+        mbs, stats = build_microbatches(groups, T, cfg.microbatch_size, 0, cfg.grpo)
+    state, metrics = step.update(state, mbs, stats["num_tokens"])
+    assert metrics.get("optimizer_updates", 1) == extra.get("minibatches", 1)
+    assert _bitwise_equal(step.frozen, base_copy)
+    assert np.abs(np.asarray(state.params["layers"][1]["self_attn"]["o_proj"]["lora"]["lora_b"][...])).max() > 0
+
+
 def test_rank_zero_is_the_full_fine_tuning_path():
     graphdef, params = llama.init_params(TINY, 0)
     full = _learner_cfg(LoraConfig())

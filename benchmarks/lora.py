@@ -1,0 +1,113 @@
+"""LoRA against full fine-tuning on SmolLM2-135M: learner tokens/s, the bytes of what the learner
+holds (params + Adam), and the bytes one weight publication would carry, same batch, same run.
+One JSON line.
+
+    nice -n 5 python benchmarks/lora.py                      # rank 16, batch 8 x 128 tokens, 3 timed updates
+    python benchmarks/lora.py --rank 16 --batch 8 --seq-len 128 --updates 3
+
+The checkpoint is the real-model fixture (benchmarks/real_model.py prepare). Both learners train
+the same microbatches; the first update of each compiles and is not timed. "full" holds the
+params and two Adam moments; "lora" the frozen base, the adapters and their two moments (the
+moments and gradients of adapters only). publish_bytes: what one publication to an actor process
+carries (the model, or the adapters alone). Updates alternate between the two learners, and the
+process CPU seconds are reported beside wall time, so load from other processes falls on both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+
+from learner_scale_bench import make_groups  # noqa: E402
+
+
+def tree_bytes(tree) -> int:
+    return int(sum(x.nbytes for x in jax.tree.leaves(tree)))
+
+
+def measure(steps: dict, params: dict, mbs, num_tokens, updates: int, real_tokens: int) -> dict:
+    """Alternates the learners' updates (full, lora, full, ...) so that load from other processes
+    falls on both alike; wall and process-CPU seconds per update, and the bytes each one holds."""
+    states = {}
+    for name, step in steps.items():
+        states[name] = step.init(params[name])
+        states[name], _ = step.update(states[name], mbs, num_tokens)  # compiles
+        jax.block_until_ready(states[name].params)
+    wall = {name: 0.0 for name in steps}
+    cpu = {name: 0.0 for name in steps}
+    for _ in range(updates):
+        for name, step in steps.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            states[name], _ = step.update(states[name], mbs, num_tokens)
+            jax.block_until_ready(states[name].params)
+            wall[name] += time.perf_counter() - t0
+            cpu[name] += time.process_time() - c0
+    out = {}
+    for name, step in steps.items():
+        state = states[name]
+        frozen = tree_bytes(step.frozen) if getattr(step, "frozen", None) is not None else 0
+        out[name] = {
+            "tokens_per_s": round(real_tokens * updates / wall[name], 1), "update_s": round(wall[name] / updates, 3),
+            "cpu_s_per_update": round(cpu[name] / updates, 3),
+            "trainable_params": int(sum(x.size for x in jax.tree.leaves(state.params))),
+            "params_bytes": tree_bytes(state.params) + frozen, "opt_state_bytes": tree_bytes(state.opt_state),
+            "resident_bytes": tree_bytes(state.params) + frozen + tree_bytes(state.opt_state),
+            "publish_bytes": tree_bytes(state.params)}  # LoRA: the adapters an actor process fetches
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--alpha", type=float, default=32.0)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--updates", type=int, default=3)
+    args = p.parse_args()
+
+    from real_model import smollm2_dir
+
+    from cadence.learner.batching import build_microbatches
+    from cadence.learner.config import LearnerConfig, LoraConfig, SFTConfig
+    from cadence.learner.models import hf_load, lora
+    from cadence.learner.models.config import ModelConfig
+    from cadence.learner.steps import make_train_step
+
+    model_cfg, graphdef, base = hf_load.load_checkpoint(str(smollm2_dir()), ModelConfig())
+    groups = make_groups(args.batch, args.group, args.seq_len, model_cfg.vocab_size)
+
+    def cfg(rank: int) -> LearnerConfig:
+        c = LearnerConfig(batch_size=args.batch, microbatch_size=args.batch, group_size=args.group,
+                          sft=SFTConfig(steps=0), lora=LoraConfig(rank=rank, alpha=args.alpha))
+        c.validate()
+        return c
+
+    mbs, stats = build_microbatches(groups, args.seq_len, args.batch, 0, cfg(0).grpo)
+    real = int(sum(len(g.prompt_tokens) * len(g.rewards) + len(g.completion_tokens.values) for g in groups))
+    lora_cfg = cfg(args.rank)
+    lgraphdef, adapters = lora.init_adapters(model_cfg, lora_cfg.lora, seed=0)
+    steps = {"full": make_train_step(graphdef, cfg(0)), "lora": make_train_step(lgraphdef, lora_cfg)}
+    out = measure(steps, {"full": base, "lora": lora.join(base, adapters)}, mbs, stats["num_tokens"],
+                  args.updates, real)
+    out_full, out_lora = out["full"], out["lora"]
+    print(json.dumps({
+        "benchmark": "lora", "model": "smollm2-135m", "device": jax.devices()[0].device_kind,
+        "rank": args.rank, "batch": args.batch, "seq_len": args.seq_len, "tokens_per_update": real,
+        "full": out_full, "lora": out_lora,
+        "speedup": round(out_lora["tokens_per_s"] / out_full["tokens_per_s"], 2),
+        "cpu_ratio": round(out_lora["cpu_s_per_update"] / out_full["cpu_s_per_update"], 2),
+        "publish_ratio": round(out_lora["publish_bytes"] / out_full["publish_bytes"], 4),
+        "resident_ratio": round(out_lora["resident_bytes"] / out_full["resident_bytes"], 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()
