@@ -214,9 +214,6 @@ def _lora_model(cfg: Config, policy, procs: LearnerProcesses):
     lora_cfg = cfg.learner.lora
     if not lora_cfg.rank:
         return policy.graphdef, policy.params, None
-    if procs.layout is not None:
-        raise ConfigError("learner.lora.rank: LoRA runs on one device for now; set learner.mesh to a "
-                          "single device (e.g. learner.mesh.fsdp=1) or lora.rank=0")
     graphdef, adapters = lora.init_adapters(policy.model_cfg, lora_cfg, cfg.learner.seed)
     base = {"path": policy.model_cfg.path, "sha256": artifacts.params_digest(policy.params),
             "rank": lora_cfg.rank, "alpha": lora_cfg.alpha, "targets": list(lora_cfg.targets)}

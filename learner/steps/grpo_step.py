@@ -116,9 +116,6 @@ class GRPOTrainStep:
         self.lora = cfg.lora if cfg.lora.rank > 0 else None
         self._base = None
         self._merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=self.lora)) if self.lora else None
-        if self.lora is not None and layout is not None:
-            raise ValueError("lora.rank: LoRA runs on one device for now (learner.mesh over several "
-                             "devices is not built for it)")
         score = functools.partial(score_tokens, logits_fn, chunk=cfg.logits_chunk,
                                   temperature=self.temperature)
         self._score = score if layout is None else layout.activations(score)
@@ -130,6 +127,7 @@ class GRPOTrainStep:
         # params' buffers or the gradient's (same shapes); donating both would leave one set
         # unusable, and the published params may still be sampled from.
         donate_apply = (0, 1) if donate_state else (1, 2)
+        self._donate_apply = donate_apply
         if layout is None:
             self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params))
             self._init_opt = functools.partial(sharding.init_opt_state, self.optimizer)
@@ -219,9 +217,37 @@ class GRPOTrainStep:
         the base is kept here, frozen, and the state holds the adapters alone."""
         if self.lora is not None:
             params, self._base = lora.split(params)
+            if self.layout is not None:  # the adapters' own shardings: their jits are built now
+                params = self.layout.place(params, self._jit_lora_on_mesh(params))
         if self.cfg.master_weights:
             params = master_copy(params)
         return LearnerState(params=params, opt_state=self._init_opt(params), step=0)
+
+    def _jit_lora_on_mesh(self, adapters):
+        """The jitted functions of a LoRA run on a mesh, with the adapters' shardings (from the
+        logical names they carry: A like its kernel's input axis, B like its output axis) and the
+        frozen base's (the layout's). Returns the adapters' shardings."""
+        layout = self.layout
+        p, pb = sharding.param_shardings(layout.mesh, layout.rules, adapters), layout.params
+        b, r = layout.batch, layout.replicated
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), adapters)
+        o = layout.opt_state(self.optimizer, p, abstract)
+        donate_apply = self._donate_apply
+        self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params), in_shardings=(p,), out_shardings=p)
+        self._init_opt = jax.jit(functools.partial(sharding.init_opt_state, self.optimizer),
+                                 in_shardings=(p,), out_shardings=o)
+        self._proximal = jax.jit(self._proximal_impl, in_shardings=(p, b, pb), out_shardings=b)
+        # (proximal, frozen) always come last, proximal None or [M, T] rows
+        self._accumulate = self._accumulate_proximal = jax.jit(
+            self._accumulate_impl, donate_argnums=(1,), in_shardings=(p, p, b, r, r, b, pb), out_shardings=(p, r))
+        self._apply = jax.jit(self._apply_impl, donate_argnums=donate_apply,
+                              in_shardings=(p, o, p), out_shardings=(p, o, r))
+        self._accumulate_apply = self._accumulate_apply_proximal = jax.jit(
+            self._accumulate_apply_impl, donate_argnums=donate_apply,
+            in_shardings=(p, o, p, b, r, r, b, pb), out_shardings=(p, o, r, r))
+        self._merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=self.lora),
+                              in_shardings=(pb, p), out_shardings=pb)
+        return p
 
     def policy_params(self, params):
         """The policy `params` (a state's) stand for, as the plain model's params: LoRA merges
