@@ -1,5 +1,6 @@
 """LoRA against full fine-tuning on SmolLM2-135M: learner tokens/s, the bytes of what the learner
 holds (params + Adam), and the bytes one weight publication would carry, same batch, same run.
+And the built-in engine's decode with the adapters merged once per version against unmerged.
 One JSON line.
 
     nice -n 5 python benchmarks/lora.py                      # rank 16, batch 8 x 128 tokens, 3 timed updates
@@ -63,6 +64,35 @@ def measure(steps: dict, params: dict, mbs, num_tokens, updates: int, real_token
     return out
 
 
+def decode(model_cfg, graphdef, base, lgraphdef, adapters, lora_cfg, tokens: int, rows: int, repeats: int = 2) -> dict:
+    """The built-in engine at decode: base + adapters merged once per version (the plain model's
+    program on merged weights; the merge timed too) against the LoRA model run unmerged."""
+    import functools
+
+    from cadence.actors.engine import EngineConfig, JaxEngine
+    from cadence.learner.models import lora
+
+    cfg = EngineConfig(max_new_tokens=tokens)
+    prompts = [[1] + [3 + (7 * i + j) % 1000 for j in range(31)] for i in range(rows)]
+    merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=lora_cfg))
+    jax.block_until_ready(merge(base, adapters))  # compiles
+    t0 = time.perf_counter()
+    merged = jax.block_until_ready(merge(base, adapters))
+    merge_s = time.perf_counter() - t0
+    runs = {"merged": (JaxEngine(model_cfg, graphdef, cfg, -1, 0), merged),
+            "unmerged": (JaxEngine(model_cfg, lgraphdef, cfg, -1, 0), lora.join(base, adapters))}
+    seconds = {name: 0.0 for name in runs}
+    for name, (engine, params) in runs.items():
+        engine.generate(params, prompts, jax.random.key(0))  # compiles
+    for r in range(repeats):  # interleaved, as the updates are
+        for name, (engine, params) in runs.items():
+            t0 = time.perf_counter()
+            engine.generate(params, prompts, jax.random.key(r))
+            seconds[name] += (time.perf_counter() - t0) / repeats
+    return {"rows": rows, "new_tokens": tokens, "merge_s": round(merge_s, 3),
+            **{f"{k}_tokens_per_s": round(rows * tokens / v, 1) for k, v in seconds.items()}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rank", type=int, default=16)
@@ -71,6 +101,7 @@ def main() -> None:
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--updates", type=int, default=3)
+    p.add_argument("--decode-tokens", type=int, default=32, help="0: skip the engine's merged/unmerged decode")
     args = p.parse_args()
 
     from real_model import smollm2_dir
@@ -98,6 +129,8 @@ def main() -> None:
     out = measure(steps, {"full": base, "lora": lora.join(base, adapters)}, mbs, stats["num_tokens"],
                   args.updates, real)
     out_full, out_lora = out["full"], out["lora"]
+    decoded = decode(model_cfg, graphdef, base, lgraphdef, jax.tree.map(lambda x: x + 0.01, adapters), lora_cfg.lora,
+                     args.decode_tokens, args.batch) if args.decode_tokens else None
     print(json.dumps({
         "benchmark": "lora", "model": "smollm2-135m", "device": jax.devices()[0].device_kind,
         "rank": args.rank, "batch": args.batch, "seq_len": args.seq_len, "tokens_per_update": real,
@@ -106,6 +139,7 @@ def main() -> None:
         "cpu_ratio": round(out_lora["cpu_s_per_update"] / out_full["cpu_s_per_update"], 2),
         "publish_ratio": round(out_lora["publish_bytes"] / out_full["publish_bytes"], 4),
         "resident_ratio": round(out_lora["resident_bytes"] / out_full["resident_bytes"], 3),
+        "decode": decoded,
     }))
 
 
