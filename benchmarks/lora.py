@@ -1,6 +1,7 @@
 """LoRA against full fine-tuning on SmolLM2-135M: learner tokens/s, the bytes of what the learner
 holds (params + Adam), and the bytes one weight publication would carry, same batch, same run.
-And the built-in engine's decode with the adapters merged once per version against unmerged.
+And the built-in engine's decode with the adapters merged once per version against unmerged, and
+seconds until 2 actor processes hold a publication (bytes over ZeroMQ, as RemoteWeights fetches).
 One JSON line.
 
     nice -n 5 python benchmarks/lora.py                      # rank 16, batch 8 x 128 tokens, 3 timed updates
@@ -93,6 +94,63 @@ def decode(model_cfg, graphdef, base, lgraphdef, adapters, lora_cfg, tokens: int
             **{f"{k}_tokens_per_s": round(rows * tokens / v, 1) for k, v in seconds.items()}}
 
 
+def _fetcher(endpoint, rounds, ready, go, done):
+    """An actor process's half of a publication: fetch the newest arrays (bytes only)."""
+    import zmq
+
+    from cadence.protocols.weights_wire import WeightClient
+
+    client = WeightClient(endpoint, ctx=zmq.Context())
+    have = -1
+    ready.put(1)
+    for _ in range(rounds):
+        v = go.get()
+        have, named = client.fetch(have)
+        done.put((v, time.time(), sum(a.nbytes for _, a in named)))
+
+
+def publication(named: dict, actors: int = 2, rounds: int = 3) -> dict:
+    """Seconds from a publication until `actors` processes hold its bytes (median over rounds),
+    per kind of publication ({"full": named arrays, "lora": ...}), the kinds' rounds alternating."""
+    import multiprocessing as mp
+    import statistics
+
+    import zmq
+
+    from cadence.protocols.weights_wire import WeightServer
+
+    ctx = zmq.Context()
+    spawn = mp.get_context("spawn")
+    setups = {}
+    for kind in named:
+        server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
+        ready, done, gos = spawn.Queue(), spawn.Queue(), [spawn.Queue() for _ in range(actors)]
+        procs = [spawn.Process(target=_fetcher, args=(server.endpoint, rounds, ready, go, done)) for go in gos]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            ready.get(timeout=300)
+        setups[kind] = (server, procs, gos, done)
+    seconds = {kind: [] for kind in named}
+    for v in range(1, rounds + 1):
+        for kind, (server, procs, gos, done) in setups.items():
+            t0 = time.time()
+            server.publish(v, lambda k=kind: named[k])
+            for go in gos:
+                go.put(v)
+            got = [done.get(timeout=600) for _ in procs]
+            seconds[kind].append(max(g[1] for g in got) - t0)
+    out = {}
+    for kind, (server, procs, _, _) in setups.items():
+        for p in procs:
+            p.join()
+        out[kind] = {"seconds": round(statistics.median(seconds[kind]), 3),
+                     "bytes_per_actor": int(sum(a.nbytes for _, a in named[kind]))}
+        server.stop()
+    ctx.destroy(linger=0)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rank", type=int, default=16)
@@ -102,6 +160,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--updates", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=32, help="0: skip the engine's merged/unmerged decode")
+    p.add_argument("--publish-rounds", type=int, default=3, help="0: skip the publication to 2 actor processes")
     args = p.parse_args()
 
     from real_model import smollm2_dir
@@ -131,6 +190,9 @@ def main() -> None:
     out_full, out_lora = out["full"], out["lora"]
     decoded = decode(model_cfg, graphdef, base, lgraphdef, jax.tree.map(lambda x: x + 0.01, adapters), lora_cfg.lora,
                      args.decode_tokens, args.batch) if args.decode_tokens else None
+    from cadence.learner.models.named_arrays import named_arrays
+    published = publication({"full": named_arrays(base), "lora": named_arrays(adapters)},
+                            rounds=args.publish_rounds) if args.publish_rounds else None
     print(json.dumps({
         "benchmark": "lora", "model": "smollm2-135m", "device": jax.devices()[0].device_kind,
         "rank": args.rank, "batch": args.batch, "seq_len": args.seq_len, "tokens_per_update": real,
@@ -139,7 +201,7 @@ def main() -> None:
         "cpu_ratio": round(out_lora["cpu_s_per_update"] / out_full["cpu_s_per_update"], 2),
         "publish_ratio": round(out_lora["publish_bytes"] / out_full["publish_bytes"], 4),
         "resident_ratio": round(out_lora["resident_bytes"] / out_full["resident_bytes"], 3),
-        "decode": decoded,
+        "decode": decoded, "publish_to_2_actor_processes": published,
     }))
 
 
