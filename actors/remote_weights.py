@@ -18,14 +18,17 @@ class RemoteWeights:
       connect: endpoint -> WeightClient.
       template: a parameter tree of the same model (shapes, dtypes, paths).
       endpoint_fn: the weight server's endpoint now (it moves when the learner restarts).
+      transform: what was fetched -> the params the engine runs, once per version (a LoRA run
+        sends its adapters: this merges them into the frozen base); None = as fetched.
     """
 
     def __init__(self, connect: Callable[[str], WeightClient], template, endpoint_fn: Callable[[], str],
-                 timeout: float = 120.0):
+                 timeout: float = 120.0, transform: Callable | None = None):
         self._connect, self._endpoint_fn = connect, endpoint_fn
         self._client: WeightClient | None = None
         self.layout = ParamLayout(template)
         self.timeout = timeout
+        self._transform = transform
         self._params, self._version = template, -1
         self.fetch_seconds = 0.0
 
@@ -53,7 +56,9 @@ class RemoteWeights:
             self.fetch_seconds += time.perf_counter() - t0
             if got is not None:
                 v, named = got
-                self._params, self._version = self.layout.build(named), v
+                params = self.layout.build(named)
+                self._params = params if self._transform is None else self._transform(params)
+                self._version = v
             elif time.monotonic() > deadline:  # the server says we are current, yet the grant wants newer
                 raise TimeoutError(f"weights: version {version} was granted but the weight server "
                                    f"still serves {self._version}")

@@ -186,6 +186,43 @@ class SFTConfig:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # attention and MLP projections
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters on a frozen base (learner/models/lora.py): W x + alpha / rank * B A x.
+
+    With rank > 0 only the adapters train: gradients, Adam's moments (float32 whatever
+    model.param_dtype) and the controller's rescales touch nothing else; checkpoints hold the
+    adapters and a digest of the base, never the base itself.
+    """
+
+    rank: int = 0  # adapter rank r; 0 = off (every weight trains, as without this section)
+    alpha: float = 16.0  # scale numerator: the update is alpha / rank * x A B (PEFT's lora_alpha)
+    # Which projections get adapters: any of q, k, v, o (attention), gate, up, down (MLP).
+    targets: tuple[str, ...] = LORA_TARGETS
+    # Dropout on the adapters' input; only 0 is built (the jitted step takes no random key).
+    dropout: float = 0.0
+
+    def validate(self) -> None:
+        """Raises ValueError("<field>: <problem>")."""
+        if self.rank < 0:
+            raise ValueError(f"rank: must be >= 0 (0 = off), got {self.rank}")
+        if not self.alpha > 0:
+            raise ValueError(f"alpha: must be > 0, got {self.alpha}")
+        if not self.targets:
+            raise ValueError(f"targets: must name at least one of {', '.join(LORA_TARGETS)}")
+        for name in self.targets:
+            if name not in LORA_TARGETS:
+                raise ValueError(f"targets: unknown projection {name!r}; choose from {', '.join(LORA_TARGETS)}")
+        if len(set(self.targets)) != len(self.targets):
+            raise ValueError(f"targets: lists a projection twice: {list(self.targets)}")
+        if self.dropout != 0.0:
+            raise ValueError(f"dropout: only 0 is supported (the train step is pure, without a "
+                             f"dropout key), got {self.dropout}")
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
     """The learner's device mesh: named axes data x fsdp x tensor over all devices of all processes.
@@ -288,6 +325,7 @@ class LearnerConfig:
     master_weights: bool = False
     processes: int = 1  # Learner processes `cadence train` starts on this machine (>1: the multi-host path, CPU collectives).
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)  # jax.distributed.
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)  # Low-rank adapters (rank 0 = off).
 
     def validate(self) -> None:
         """Raises ValueError("<field>: <problem>"); nested fields read "<sub>.<field>: ..."."""
@@ -326,7 +364,17 @@ class LearnerConfig:
         if self.processes > 1 and (self.distributed.coordinator or self.distributed.auto_detect):
             raise ValueError("processes: starts a local group; leave it at 1 when learner.distributed "
                              "describes the group (one process per host)")
-        for key in ("optimizer", "grpo", "ppo", "sft", "mesh", "distributed"):
+        if self.lora.rank > 0:
+            if self.algorithm != "grpo":
+                raise ValueError("lora.rank: LoRA is built for algorithm=grpo only (PPO's critic and "
+                                 "reference policy are full models); set lora.rank=0")
+            if self.sft.steps > 0:
+                raise ValueError("sft.steps: the supervised warm-up trains every weight; set it to 0 for "
+                                 "a LoRA run (lora.rank > 0), which starts from a trained base")
+            if self.processes > 1 or self.distributed.coordinator or self.distributed.auto_detect:
+                raise ValueError("lora.rank: LoRA runs in one learner process (learner.processes=1, "
+                                 "no learner.distributed group)")
+        for key in ("optimizer", "grpo", "ppo", "sft", "mesh", "distributed", "lora"):
             try:
                 getattr(self, key).validate()
             except ValueError as err:

@@ -244,13 +244,33 @@ def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log, sglang_urls=
         engine = sglang_engine(cfg, policy, work_dir)
         where = ", ".join(sglang_urls) if sglang_urls else f"{cfg.actors.sglang.num_servers} launched here"
         log(f"{actor_id}: SGLang servers: {where} (sync {cfg.actors.sglang.sync}, files in {work_dir})")
-    weights = RemoteWeights(lambda endpoint: WeightClient(endpoint, ctx=ctx, keys=keys), policy.params,
-                            endpoint_fn=lambda: client.welcome.weights_endpoint)
+    template, transform = policy.params, None
+    if cfg.learner.lora.rank > 0:  # the learner sends adapters: merged here into this host's base
+        template, transform = _lora_weights(cfg, policy, log, actor_id)
+    weights = RemoteWeights(lambda endpoint: WeightClient(endpoint, ctx=ctx, keys=keys), template,
+                            endpoint_fn=lambda: client.welcome.weights_endpoint, transform=transform)
     log(f"{actor_id}: joined session {welcome.session} (task {task.name}, {cfg.learner.group_size} completions "
         f"per prompt, {welcome.concurrency} prompts per call)")
     return Actor(actor_id, engine, task, client, weights, cfg.learner.group_size, welcome.concurrency,
                  cfg.actors.seed, scorer=parts.scorer,
                  envs=EnvRunner.from_config(cfg.task) if is_multi_turn(task) else None)
+
+
+def _lora_weights(cfg, policy, log, actor_id):
+    """A LoRA run's (adapters template, merge): the base is read from model.path on this host,
+    once; each new version's adapters are merged into it once (W + alpha / r * A B)."""
+    import functools
+
+    import jax
+
+    from cadence.learner.models import hf_load, lora
+
+    _, adapters = lora.lora_graphdef(policy.model_cfg, cfg.learner.lora)
+    _, _, base = hf_load.load_checkpoint(cfg.model.path, cfg.model)
+    merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=cfg.learner.lora))
+    log(f"{actor_id}: LoRA rank {cfg.learner.lora.rank}: fetching adapters "
+        f"({lora.adapter_bytes(adapters) / 2**20:.1f} MiB) and merging them into the base from {cfg.model.path}")
+    return adapters, lambda fetched: merge(base, fetched)
 
 
 def _from_parent(stop: threading.Event, log, sglang_urls: tuple[str, ...] = ()) -> tuple[str, Parts | None] | None:

@@ -57,7 +57,7 @@ class Pipeline:
 
     def __init__(self, cfg, run_dir: str, task, stream, ledger: SampleLedger, batch_size: int,
                  weights: InProcessWeights, engine, restored_groups, progress, config_dict: dict, scorer=None,
-                 supervisor: ActorSupervisor | None = None):
+                 supervisor: ActorSupervisor | None = None, remote_params=None):
         a = cfg.actors
         restored_groups = list(restored_groups)
         # on_change: the dispatcher re-checks waiting actors at once (the server is built below,
@@ -84,6 +84,8 @@ class Pipeline:
             if listen else None
         if self.weight_server is not None:
             params, version = weights.latest()
+            # remote_params: what actor processes get instead (a LoRA run's adapters; see publish)
+            params = params if remote_params is None else remote_params
             self.layout = ParamLayout(params)
             self.weight_server.publish(version, lambda: self.layout.named(params))
         settings = DispatchSettings(
@@ -209,9 +211,12 @@ class Pipeline:
             self.engine.abort()
 
     # -- what the learner loop calls ------------------------------------------------------------
-    def publish(self, params, version: int) -> None:
+    def publish(self, params, version: int, remote=None) -> None:
+        """params: what actor threads run; remote: what actor processes fetch, if not params (a
+        LoRA run's adapters, which the process merges into its own copy of the base)."""
+        served = params if remote is None else remote
         if self.weight_server is not None:  # first: the dispatcher may grant `version` right after
-            self.weight_server.publish(version, lambda: self.layout.named(params))
+            self.weight_server.publish(version, lambda: self.layout.named(served))
         self.weights.publish(params, version)
         self.server.wake()
 
@@ -242,6 +247,9 @@ class Pipeline:
         out = self.server.metrics()
         if self.weight_server is not None:  # a stranger may try either socket
             out["actors/refused_connections"] += self.weight_server.refused.refused
+            # weight transfers to actor processes (cumulative; a LoRA run sends adapters only)
+            out["actors/weights_sent"] = self.weight_server.sent
+            out["actors/weights_sent_bytes"] = self.weight_server.sent_bytes
         with self.server.lock:
             totals = self.server.core.totals()
         out["actors/samples_received"] = totals.get("samples", 0)

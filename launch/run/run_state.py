@@ -41,6 +41,45 @@ def check_compatible(run_dir: str, saved_cfg: dict, current_cfg: dict) -> None:
                           "start a new run.dir instead")
 
 
+def newest_meta(checkpoint_dir: str) -> dict:
+    """The JSON metadata of the newest checkpoint step that has one ({} if none), read before
+    orbax restores arrays into a template (a mismatch is then named, not a failed restore)."""
+    steps = sorted((int(n) for n in os.listdir(checkpoint_dir) if n.isdigit()), reverse=True) \
+        if os.path.isdir(checkpoint_dir) else []
+    for step in steps:
+        try:
+            with open(os.path.join(checkpoint_dir, str(step), "meta", "metadata")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def check_lora_base(run_dir: str, meta: dict, current: dict | None) -> None:
+    """A LoRA checkpoint holds adapters only: refuse to resume them on another base (other
+    weights at model.path, or other adapter shapes), and refuse to mix LoRA and full-weight
+    checkpoints. current: the run's base record (path, sha256, rank, alpha, targets), None for a
+    full-weight run. Raises ConfigError naming what differs."""
+    saved = meta.get("lora_base")
+    if current is None:
+        if saved:
+            raise ConfigError(f"learner.lora.rank: the checkpoint in {run_dir} holds LoRA adapters "
+                              f"(rank {saved.get('rank')}); resume it with the same learner.lora settings")
+        return
+    if not saved:
+        raise ConfigError(f"learner.lora.rank: the checkpoint in {run_dir} holds full weights, not LoRA "
+                          "adapters; resume it with learner.lora.rank=0 or start a new run.dir")
+    if saved.get("sha256") != current["sha256"]:
+        raise ConfigError(
+            f"model.path: the checkpoint in {run_dir} holds LoRA adapters trained on the base at "
+            f"{saved.get('path')!r} (weights sha256 {saved.get('sha256')}); the base at "
+            f"{current['path']!r} has sha256 {current['sha256']}. Resume on the same base weights")
+    for key in ("rank", "alpha", "targets"):
+        if saved.get(key) != current[key]:
+            raise ConfigError(f"learner.lora.{key}: the checkpoint in {run_dir} has {saved.get(key)!r}, "
+                              f"this run {current[key]!r}; start a new run.dir to change it")
+
+
 def saved_config(run_dir: str) -> dict:
     return load_yaml(os.path.join(run_dir, "config.yaml"))
 

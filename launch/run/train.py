@@ -41,6 +41,7 @@ from cadence.learner.checkpoint import Checkpointer
 from cadence.learner.controller import Generation, make_controller
 from cadence.learner.dynamic_sampling import make_group_filter
 from cadence.learner.loop import LearnerLoop, LoopSettings
+from cadence.learner.models import lora
 from cadence.learner.models.llama import count_params
 from cadence.learner.steps import make_train_step
 from cadence.learner.steps.scoring import llama_logits
@@ -131,6 +132,9 @@ class _Learner:
     seq_len: int
     learner_cfg: object  # cfg.learner with the rows re-planned for this mesh (learner/row_plan.py)
     plan_notes: tuple  # what that re-plan changed
+    # state.params -> the policy's plain-model params (LoRA: base + adapters merged; else itself)
+    policy_params: object = None
+    lora_base: dict | None = None  # LoRA: the frozen base's path and sha256 (checkpoint meta)
 
 
 def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: str, resuming: bool,
@@ -139,6 +143,7 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     the task preflight built (a dataset is read once). A following process of a sharded learner
     runs its whole part here and returns its summary."""
     policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
+    graphdef, params0, lora_base = _lora_model(cfg, policy, procs)  # LoRA: base joined with adapters
     L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
     rows = procs.layout.rows if procs.layout else 1
     packed = row_plan.plan_packed_rows(procs.learner, L, rows)  # the same in every process
@@ -148,7 +153,7 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
             packing.rows_per_microbatch(learner_cfg.microbatch_tokens, L, rows)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    train_step = make_train_step(policy.graphdef, learner_cfg, procs.layout,  # [sharded learner]
+    train_step = make_train_step(graphdef, learner_cfg, procs.layout,  # [sharded learner]
                                  completion_budget=cfg.engine.max_new_tokens, temperature=cfg.engine.temperature)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
@@ -159,7 +164,9 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)
     for note in plan_notes:  # a mesh the configured rows do not split over: re-planned, not refused
         progress.message(f"re-planned for data x fsdp = {rows} row devices: {note}")
-    template = train_step.init(policy.params) if resuming else None
+    if resuming:  # LoRA or not, same base: checked before orbax restores into the template
+        run_state.check_lora_base(run_dir, run_state.newest_meta(checkpointer.directory), lora_base)
+    template = train_step.init(params0) if resuming else None
     begin = run_state.begin(cfg, run_dir, checkpointer, template and arrays_of(template), task, progress, resume,
                             resuming)
     progress.message(f"run dir {run_dir} | task {task.name} | model {count_params(policy.params):,} params | "
@@ -171,6 +178,9 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     envs = EnvRunner.from_config(cfg.task) if is_multi_turn(task) else None  # the run's env limits
     evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=task.heldout(),
                                                        scorer=scorer, envs=envs))  # [sharded learner]
+    policy_params = train_step.policy_params if lora_base else (lambda params: params)
+    if lora_base:  # evaluation (and actors, exports) see base + adapters merged
+        evaluate_params = _after(policy_params, evaluate_params)
     sft_metrics = {}
     if begin.restored:
         state = template._replace(**begin.arrays, step=begin.step0)
@@ -180,14 +190,43 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
                 learner_processes=procs.group.num_processes)
     else:  # warm up first: PPO's reference policy and critic trunk start from the weights RL starts from
         params, sft_metrics = supervised_warmup(dataclasses.replace(cfg, learner=learner_cfg), logits_fn,
-                                                policy.params, begin.stream, L,
+                                                params0, begin.stream, L,
                                                 policy.tokenizer.pad_id, progress, sft_step)  # [sharded learner]
         begin.ledger.warmup(begin.stream.position)
         state = train_step.init(params)
     if wrap_train_step is not None:
         train_step = wrap_train_step(train_step)
     return _Learner(policy, task, train_step, checkpointer, begin, state, engine, scorer, evaluate_params,
-                    sft_metrics, L, learner_cfg, plan_notes)
+                    sft_metrics, L, learner_cfg, plan_notes, policy_params, lora_base)
+
+
+def _after(first, then):
+    return lambda params: then(first(params))
+
+
+class _LoraWeights:
+    """Where a LoRA run's loop publishes its adapters: actor threads get them merged into the
+    base (`merged`), actor processes the adapters alone (megabytes, not the model), which they
+    merge into the base they loaded themselves (launch/cluster/actor_process.py)."""
+
+    def __init__(self, pipe: Pipeline, merged):
+        self.pipe, self.merged = pipe, merged
+
+    def publish(self, adapters, version: int) -> None:
+        self.pipe.publish(self.merged(adapters), version, remote=adapters)
+
+
+def _lora_model(cfg: Config, policy, procs: LearnerProcesses):
+    """(graphdef, params, base record) the learner trains: the policy's own, or with
+    learner.lora.rank > 0 the LoRA model (fresh adapters joined with the frozen base) and the
+    base's path and sha256, which checkpoints record and a resume checks."""
+    lora_cfg = cfg.learner.lora
+    if not lora_cfg.rank:
+        return policy.graphdef, policy.params, None
+    graphdef, adapters = lora.init_adapters(policy.model_cfg, lora_cfg, cfg.learner.seed)
+    base = {"path": policy.model_cfg.path, "sha256": artifacts.params_digest(policy.params),
+            "rank": lora_cfg.rank, "alpha": lora_cfg.alpha, "targets": list(lora_cfg.targets)}
+    return graphdef, lora.join(policy.params, adapters), base
 
 
 @dataclasses.dataclass
@@ -221,10 +260,13 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
                                  procs.fetch) if threads_drive_sglang else learner.engine
     # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
     publish = procs.publisher(whole=not threads_drive_sglang)
+    lora_run = learner.lora_base is not None
+    if lora_run:  # actor threads get base + adapters merged (every engine and weight sync as before)
+        publish = _after(learner.policy_params, publish)
     pipe = Pipeline(cfg, run_dir, learner.task, begin.stream, begin.ledger, course.batch_size,
                     InProcessWeights(publish(state.params), begin.step0),
                     actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), learner.scorer,
-                    supervisor=early)
+                    supervisor=early, remote_params=state.params if lora_run else None)
     if course.concurrency is not None and course.concurrency != cfg.actors.prompts_per_call:
         pipe.set_concurrency(course.concurrency)  # a resumed run: where the controller had moved it
     clock = begin.clock
@@ -237,11 +279,13 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
         before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
             ("reward", record0["eval/reward"])
         progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
-    loop = LearnerLoop(learner.train_step, pipe.queue, pipe.gate, pipe,
+    # LoRA: actor processes fetch the adapters alone and merge them into their own base
+    weights = _LoraWeights(pipe, publish) if lora_run else pipe
+    loop = LearnerLoop(learner.train_step, pipe.queue, pipe.gate, weights,
                        LoopSettings(G, learner.learner_cfg.microbatch_size, learner.seq_len,
                                     policy.tokenizer.pad_id, cfg.learner.grpo, learner.learner_cfg.microbatch_tokens),
                        health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
-                       ledger=begin.ledger, publish=publish,  # [sharded learner]
+                       ledger=begin.ledger, publish=None if lora_run else publish,  # [sharded learner]
                        # its rates count from now: after the step-0 evaluation
                        measure_generation=_generation_meter(cfg, pipe, actor_engine, begin),
                        group_filter=make_group_filter(cfg.learner),  # dynamic sampling (None when off)
@@ -250,7 +294,7 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
                        dropped=meta["dropped"] if begin.restored else None)
     if refit is not None:  # Adam's rescale (and the concurrency) before the first update
         learner.state = loop.apply(learner.state, refit)
-    snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock)
+    snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock, learner.lora_base)
     recorder = Recorder(cfg.run, sinks, progress, learner.evaluate_params, learner.checkpointer, begin.summary,
                         clock, snapshot, samples0=loop.samples)
     notes = [*learner.plan_notes, *([refit.reason] if refit is not None else [])]
@@ -356,7 +400,8 @@ def _generation_meter(cfg, pipe: Pipeline, actor_engine, begin):
     return measure
 
 
-def _snapshot(cfg, loop: LearnerLoop, pipe: Pipeline, begin, controller, clock, state, finished: bool) -> dict:
+def _snapshot(cfg, loop: LearnerLoop, pipe: Pipeline, begin, controller, clock, lora_base, state,
+              finished: bool) -> dict:
     """Everything besides arrays that the run needs to continue, taken at a step boundary."""
     ledger, stream = begin.ledger, begin.stream
     with ledger.lock:  # the dispatcher cannot move prompts between states while we look
@@ -369,6 +414,8 @@ def _snapshot(cfg, loop: LearnerLoop, pipe: Pipeline, begin, controller, clock, 
         "summary": {k: v for k, v in begin.summary.items() if k != "last_eval"},
         "actors_seed": cfg.actors.seed, "config": to_dict(cfg),
     })
+    if lora_base:  # the arrays are adapters: which base they belong to (the base is never written)
+        meta["lora_base"] = lora_base
     return meta
 
 
@@ -379,10 +426,15 @@ def _finish(cfg: Config, run_dir: str, learner: _Learner, state, preempted: bool
     summary["wall_time"] = begin.clock()
     summary["checkpoint_blocked_seconds"] = learner.checkpointer.blocked_seconds
     if not preempted:
-        procs.save_params(run_dir, state.params, artifacts.save_params)  # [sharded learner] every process
+        params = learner.policy_params(state.params)  # LoRA: merged; else the state's own
+        procs.save_params(run_dir, params, artifacts.save_params)  # [sharded learner] every process
         if cfg.model.path:  # a checkpoint came in: ship the trained weights in the same format
             summary["hf_export"] = os.path.join(run_dir, "hf")
-            export_policy(learner.policy, state.params, summary["hf_export"], fetch=procs.fetch)  # a shard at a time
+            export_policy(learner.policy, params, summary["hf_export"], fetch=procs.fetch)  # a shard at a time
+        if learner.lora_base:  # and the adapters alone, as PEFT loads them
+            summary["peft_adapter"] = lora.write_peft_adapter(state.params, cfg.learner.lora,
+                                                              os.path.join(run_dir, "peft"), cfg.model.path)
+        del params
         summary["final_eval"] = summary.get("last_eval") or learner.evaluate_params(state.params)
     summary.pop("last_eval", None)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:

@@ -189,11 +189,10 @@ def _named(initializer, *names: str):
 
 
 def _linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, names: tuple[str, str],
-            use_bias: bool = False) -> nnx.Linear:
-    """A linear layer whose [in, out] kernel axes have the logical names `names`."""
-    return nnx.Linear(
-        d_in,
-        d_out,
+            use_bias: bool = False, lora=None, target: str = "") -> nnx.Linear:
+    """A linear layer whose [in, out] kernel axes have the logical names `names`; with low-rank
+    adapters (lora: a learner.config.LoraConfig whose targets name `target`) a LoRA one."""
+    kwargs = dict(
         use_bias=use_bias,
         kernel_init=_named(_KERNEL_INIT, *names),
         bias_init=_named(_BIAS_INIT, names[1]),
@@ -201,6 +200,11 @@ def _linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, names: tupl
         param_dtype=_dtype(cfg.param_dtype),
         rngs=rngs,
     )
+    if lora is not None and lora.rank > 0 and target in lora.targets:
+        from cadence.learner.models.lora import ScaledLoRALinear
+
+        return ScaledLoRALinear(d_in, d_out, lora, names, _init, **kwargs)
+    return nnx.Linear(d_in, d_out, **kwargs)
 
 
 def attention_allowed(mask: jax.Array) -> jax.Array:
@@ -222,13 +226,13 @@ def attention_allowed(mask: jax.Array) -> jax.Array:
 class Attention(nnx.Module):
     """Causal GQA self-attention with RoPE and an optional KV cache."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora=None):
         dh = cfg.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, dh
-        self.q_proj = _linear(cfg, cfg.d_model, cfg.n_heads * dh, rngs, ("embed", "heads"), cfg.qkv_bias)
-        self.k_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs, ("embed", "kv"), cfg.qkv_bias)
-        self.v_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs, ("embed", "kv"), cfg.qkv_bias)
-        self.o_proj = _linear(cfg, cfg.n_heads * dh, cfg.d_model, rngs, ("heads", "embed"), cfg.o_bias)
+        self.q_proj = _linear(cfg, cfg.d_model, cfg.n_heads * dh, rngs, ("embed", "heads"), cfg.qkv_bias, lora, "q")
+        self.k_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs, ("embed", "kv"), cfg.qkv_bias, lora, "k")
+        self.v_proj = _linear(cfg, cfg.d_model, cfg.n_kv_heads * dh, rngs, ("embed", "kv"), cfg.qkv_bias, lora, "v")
+        self.o_proj = _linear(cfg, cfg.n_heads * dh, cfg.d_model, rngs, ("heads", "embed"), cfg.o_bias, lora, "o")
         if cfg.qk_norm:  # Qwen3: one RMSNorm over head_dim, shared by all heads
             pdt = _dtype(cfg.param_dtype)
             self.q_norm = RMSNorm(dh, cfg.norm_eps, pdt)
@@ -260,10 +264,10 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.gate_proj = _linear(cfg, cfg.d_model, cfg.d_ff, rngs, ("embed", "mlp"))
-        self.up_proj = _linear(cfg, cfg.d_model, cfg.d_ff, rngs, ("embed", "mlp"))
-        self.down_proj = _linear(cfg, cfg.d_ff, cfg.d_model, rngs, ("mlp", "embed"))
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora=None):
+        self.gate_proj = _linear(cfg, cfg.d_model, cfg.d_ff, rngs, ("embed", "mlp"), lora=lora, target="gate")
+        self.up_proj = _linear(cfg, cfg.d_model, cfg.d_ff, rngs, ("embed", "mlp"), lora=lora, target="up")
+        self.down_proj = _linear(cfg, cfg.d_ff, cfg.d_model, rngs, ("mlp", "embed"), lora=lora, target="down")
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = constrain(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x), ("batch", None, "act_mlp"))
@@ -273,12 +277,12 @@ class MLP(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora=None):
         pdt = _dtype(cfg.param_dtype)
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, pdt)
-        self.self_attn = Attention(cfg, rngs)
+        self.self_attn = Attention(cfg, rngs, lora)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps, pdt)
-        self.mlp = MLP(cfg, rngs)
+        self.mlp = MLP(cfg, rngs, lora)
 
     def __call__(self, x, cos, sin, allowed, kv=None, start=None):
         h, kv = self.self_attn(self.input_layernorm(x), cos, sin, allowed, kv, start)
@@ -287,9 +291,12 @@ class DecoderLayer(nnx.Module):
 
 
 class Llama(nnx.Module):
-    """Decoder-only transformer; ``__call__`` returns final-normed hidden states, ``logits`` maps them."""
+    """Decoder-only transformer; ``__call__`` returns final-normed hidden states, ``logits`` maps them.
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    lora: a learner.config.LoraConfig with rank > 0 gives the targeted projections low-rank
+    adapters (learner/models/lora.py); None (or rank 0) builds the plain model."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, lora=None):
         self.cfg = cfg
         cdt, pdt = _dtype(cfg.compute_dtype), _dtype(cfg.param_dtype)
         self.embed_tokens = nnx.Embed(
@@ -300,7 +307,7 @@ class Llama(nnx.Module):
             embedding_init=_named(_EMBED_INIT, "vocab", "embed"),
             rngs=rngs,
         )
-        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.n_layers)])
+        self.layers = nnx.List([DecoderLayer(cfg, rngs, lora) for _ in range(cfg.n_layers)])
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, pdt)
         if not cfg.tie_embeddings:
             self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, rngs, ("embed", "vocab"))
@@ -401,13 +408,13 @@ class _NoRngs:
         return None
 
 
-def abstract_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+def abstract_params(cfg: ModelConfig, lora=None) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef, params) whose leaves are all jax.ShapeDtypeStruct: the skeleton a checkpoint
-    loader fills, built without tracing or running a single JAX op."""
+    loader fills, built without tracing or running a single JAX op (lora: with adapters)."""
     cfg.validate()
     token = _SHAPES_ONLY.set(True)
     try:
-        return nnx.split(Llama(cfg, _NoRngs()))  # no keys: eager key splits cost ~4 ms each
+        return nnx.split(Llama(cfg, _NoRngs(), lora))  # no keys: eager key splits cost ~4 ms each
     finally:
         _SHAPES_ONLY.reset(token)
 

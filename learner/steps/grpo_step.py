@@ -21,6 +21,12 @@ With a `layout` (learner/sharding.py) every jitted function has explicit in/out 
 gradients and Adam moments split as the layout says, microbatch rows over data x fsdp, scalars
 and metrics replicated; GSPMD inserts the collectives. Adam's moments are float32 whatever the
 params' dtype.
+
+LoRA (learner.lora.rank > 0, learner/models/lora.py): the state's params are the adapters alone,
+so gradients, Adam's moments, clipping and the controller's rescales see nothing else; the frozen
+base, taken by `init`, goes into every jitted function as one more argument (`frozen`) and is
+joined with the adapters inside the loss. `policy_params(state.params)` is the policy actors get:
+base + alpha / r * A B merged. Rank 0 traces exactly the programs it always did (frozen is None).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from cadence.learner import sharding
 from cadence.learner.algorithms.grpo import finalize_metrics, grpo_token_loss
 from cadence.learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from cadence.learner.config import LearnerConfig
+from cadence.learner.models import lora
 from cadence.learner.steps.scoring import score_tokens
 
 # logits_fn(params, tokens [B, T], positions [B, T], mask [B, T]) -> logits [B, T, V]
@@ -47,7 +54,7 @@ LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 class LearnerState(NamedTuple):
     """Everything the train step updates."""
 
-    params: Any  # model parameters (any pytree, e.g. an nnx.State)
+    params: Any  # the trained parameters (any pytree, e.g. an nnx.State; LoRA: the adapters alone)
     opt_state: Any  # optax state of make_optimizer (hyperparameters inside)
     step: int  # host int: batches trained so far (the policy version; k optimizer updates each)
 
@@ -124,6 +131,10 @@ class GRPOTrainStep:
         self.packed = cfg.microbatch_tokens > 0
         self.optimizer = optim.make_optimizer(cfg.optimizer)
         self.layout = layout
+        # LoRA: the frozen base params (set by init) and the jitted merge that publishes base + adapters
+        self.lora = cfg.lora if cfg.lora.rank > 0 else None
+        self._base = None
+        self._merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=self.lora)) if self.lora else None
         score = functools.partial(score_tokens, logits_fn, chunk=cfg.logits_chunk,
                                   temperature=self.temperature)
         self._score = score if layout is None else layout.activations(score)
@@ -135,6 +146,7 @@ class GRPOTrainStep:
         # params' buffers or the gradient's (same shapes); donating both would leave one set
         # unusable, and the published params may still be sampled from.
         donate_apply = (0, 1) if donate_state else (1, 2)
+        self._donate_apply = donate_apply
         if layout is None:
             self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params))
             self._init_opt = functools.partial(sharding.init_opt_state, self.optimizer)
@@ -167,10 +179,13 @@ class GRPOTrainStep:
     # ---- pure functions (traced) ----
 
     def loss_fn(self, params, mb: Microbatch, num_tokens, num_sequences=None,
-                proximal_logprobs=None) -> tuple[jax.Array, dict]:
+                proximal_logprobs=None, frozen=None) -> tuple[jax.Array, dict]:
         """GRPO loss of one microbatch normalized by the global token (and sequence) counts;
         (loss, metrics). num_sequences defaults to the microbatch's own rows with tokens;
-        proximal_logprobs [M, T] to the current policy's (stop-gradient) log-probs."""
+        proximal_logprobs [M, T] to the current policy's (stop-gradient) log-probs; frozen: a
+        LoRA run's base params (params are then its adapters)."""
+        if frozen is not None:
+            params = lora.join(frozen, params)
         grpo = self.cfg.grpo
         # The bonus needs the exact entropy and its gradient; without it no softmax over the
         # vocabulary is taken and the metric is the sampled estimate (entropy_sampled).
@@ -182,14 +197,16 @@ class GRPOTrainStep:
             completion_budget=self.completion_budget, segments=mb.mask if self.packed else None,
         )
 
-    def _proximal_impl(self, params, packed):
+    def _proximal_impl(self, params, packed, frozen=None):
         mb = unpack_microbatch(packed, segments=self.packed)
+        if frozen is not None:
+            params = lora.join(frozen, params)
         return self._score(params, mb.tokens, mb.positions, mb.mask).logprobs  # [M, T]
 
-    def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None):
+    def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None, frozen=None):
         mb = unpack_microbatch(packed, segments=self.packed)  # [M, 5T + 1] (packed: 6T) -> Microbatch
         (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
-            params, mb, num_tokens, num_sequences, proximal
+            params, mb, num_tokens, num_sequences, proximal, frozen
         )
         grads = jax.tree.map(jnp.add, grads, mb_grads)
         # One small vector per microbatch: the metrics (additive) and this microbatch's grad-norm^2,
@@ -205,18 +222,67 @@ class GRPOTrainStep:
         return optax.apply_updates(params, updates), opt_state, grad_norm
 
     def _accumulate_apply_impl(self, params, opt_state, grads, packed, num_tokens, num_sequences,
-                               proximal=None):
-        grads, stats = self._accumulate_impl(params, grads, packed, num_tokens, num_sequences, proximal)
+                               proximal=None, frozen=None):
+        grads, stats = self._accumulate_impl(params, grads, packed, num_tokens, num_sequences, proximal, frozen)
         return (*self._apply_impl(params, opt_state, grads), stats)
 
     # ---- host API ----
 
     def init(self, params) -> LearnerState:
         """A fresh learner state (float32 Adam moments at zero, step 0) for `params`
-        (float32 master copies of them with learner.master_weights)."""
+        (float32 master copies of them with learner.master_weights).
+
+        LoRA: params are the LoRA model's (base joined with adapters, learner/models/lora.py);
+        the base is kept here, frozen, and the state holds the adapters alone."""
+        if self.lora is not None:
+            params, self._base = lora.split(params)
+            if self.layout is not None:  # the adapters' own shardings: their jits are built now
+                params = self.layout.place(params, self._jit_lora_on_mesh(params))
         if self.cfg.master_weights:
             params = master_copy(params)
         return LearnerState(params=params, opt_state=self._init_opt(params), step=0)
+
+    def _jit_lora_on_mesh(self, adapters):
+        """The jitted functions of a LoRA run on a mesh, with the adapters' shardings (from the
+        logical names they carry: A like its kernel's input axis, B like its output axis) and the
+        frozen base's (the layout's). Returns the adapters' shardings."""
+        layout = self.layout
+        p, pb = sharding.param_shardings(layout.mesh, layout.rules, adapters), layout.params
+        b, r = layout.batch, layout.replicated
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), adapters)
+        o = layout.opt_state(self.optimizer, p, abstract)
+        donate_apply = self._donate_apply
+        self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params), in_shardings=(p,), out_shardings=p)
+        self._init_opt = jax.jit(functools.partial(sharding.init_opt_state, self.optimizer),
+                                 in_shardings=(p,), out_shardings=o)
+        self._proximal = jax.jit(self._proximal_impl, in_shardings=(p, b, pb), out_shardings=b)
+        # (proximal, frozen) always come last, proximal None or [M, T] rows
+        self._accumulate = self._accumulate_proximal = jax.jit(
+            self._accumulate_impl, donate_argnums=(1,), in_shardings=(p, p, b, r, r, b, pb), out_shardings=(p, r))
+        self._apply = jax.jit(self._apply_impl, donate_argnums=donate_apply,
+                              in_shardings=(p, o, p), out_shardings=(p, o, r))
+        self._accumulate_apply = self._accumulate_apply_proximal = jax.jit(
+            self._accumulate_apply_impl, donate_argnums=donate_apply,
+            in_shardings=(p, o, p, b, r, r, b, pb), out_shardings=(p, o, r, r))
+        self._merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=self.lora),
+                              in_shardings=(pb, p), out_shardings=pb)
+        return p
+
+    def policy_params(self, params):
+        """The policy `params` (a state's) stand for, as the plain model's params: LoRA merges
+        base + alpha / r * A B (a new copy; the base is untouched); otherwise params themselves."""
+        if self.lora is None:
+            return params
+        return self._merge(self._base, params)
+
+    @property
+    def frozen(self):
+        """A LoRA run's base params (None otherwise, or before init)."""
+        return self._base
+
+    def _lora_args(self, proximal=None) -> tuple:
+        """The trailing (proximal, frozen) arguments a LoRA run's jitted calls get; () otherwise."""
+        return () if self.lora is None else (proximal, self._base)
 
     def accumulate_gradients(
         self, params, microbatches: Sequence[Microbatch], num_tokens: int, proximal=None, packed=None,
@@ -241,7 +307,8 @@ class GRPOTrainStep:
 
     def _prepare(self, params, microbatches, num_tokens, packed, whole: WholeBatch | None = None):
         if self._metric_keys is None:  # trace once abstractly (no compile) for the metric names
-            _, shapes = jax.eval_shape(self.loss_fn, params, microbatches[0], jnp.float32(1.0))
+            frozen = () if self.lora is None else (None, None, self._base)
+            _, shapes = jax.eval_shape(self.loss_fn, params, microbatches[0], jnp.float32(1.0), *frozen)
             self._metric_keys = tuple(sorted(shapes))
         if packed is None:
             packed = self.pack(microbatches, whole)
@@ -254,7 +321,10 @@ class GRPOTrainStep:
         grads = self._zeros(params)
         per_mb = []
         for i, mb in enumerate(packed):
-            if proximal is None:
+            if self.lora is not None:
+                grads, stats = self._accumulate(params, grads, mb, n, s,
+                                                *self._lora_args(None if proximal is None else proximal[i]))
+            elif proximal is None:
                 grads, stats = self._accumulate(params, grads, mb, n, s)
             else:
                 grads, stats = self._accumulate_proximal(params, grads, mb, n, s, proximal[i])
@@ -279,7 +349,8 @@ class GRPOTrainStep:
         """[M, T] log-probs of each microbatch's tokens under params (device arrays)."""
         if packed is None:
             packed = self.pack(microbatches)
-        return [self._proximal(params, mb) for mb in packed]
+        frozen = () if self.lora is None else (self._base,)
+        return [self._proximal(params, mb, *frozen) for mb in packed]
 
     @property
     def metric_keys(self) -> tuple[str, ...]:
@@ -353,6 +424,8 @@ class GRPOTrainStep:
         else:
             fused, extra = ((self._accumulate_apply, ()) if proximal is None
                             else (self._accumulate_apply_proximal, (proximal[0],)))
+            if self.lora is not None:
+                extra = self._lora_args(None if proximal is None else proximal[0])
             new_params, opt_state, grad_norm, stats = fused(
                 params, state.opt_state, self._zeros(params), packed[0], n, s, *extra)
             per_mb = [stats]

@@ -260,6 +260,40 @@ def check_checkpoint_reshards():
     assert_trees_close(p1, p2, "continued training")
 
 
+def check_lora_fsdp_tensor():
+    """A LoRA step on (fsdp 2, tensor 2) equals one device; adapters shard like their kernels'
+    axes (A by the input axis, B by the output axis), the base stays bit-identical, and the
+    merged policy comes out with the base's shardings."""
+    from cadence.learner.config import LoraConfig
+    from cadence.learner.models import lora
+
+    lc = LoraConfig(rank=4, alpha=8.0)
+    cfg = learner_cfg("grpo", sft=dataclasses.replace(LearnerConfig().sft, steps=0), lora=lc)
+    graphdef, base = llama.init_params(MODEL, 0)
+    layout = layout_for(MeshConfig(fsdp=2, tensor=2), base)
+    lgraphdef, adapters = lora.init_adapters(MODEL, lc, seed=0)
+    single, sharded = make_train_step(lgraphdef, cfg), make_train_step(lgraphdef, cfg, layout)
+    s1 = single.init(lora.join(base, adapters))
+    placed = layout.place(base)
+    s2 = sharded.init(lora.join(placed, adapters))
+    q = s2.params["layers"][0]["self_attn"]["q_proj"]["lora"]
+    kernel = placed["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value().sharding.spec  # (embed, heads)
+    assert tuple(q["lora_a"].get_value().sharding.spec) == (kernel[0], None), q["lora_a"].get_value().sharding
+    assert tuple(q["lora_b"].get_value().sharding.spec) == (None, kernel[1]), q["lora_b"].get_value().sharding
+    for k, num_groups in enumerate((4, 1)):  # accumulate + apply, then the fused program
+        mbs, stats = build_microbatches(groups(num_groups, seed=k), T, MB, PAD, cfg.grpo)
+        s1, m1 = single.update(s1, mbs, stats["num_tokens"])
+        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"])
+        np.testing.assert_allclose(m2["loss"], m1["loss"], **TOL)
+        assert_trees_close(s1.params, s2.params, f"adapters after step {k}", PARAMS_AFTER_ADAM_TOL)
+    assert all(np.array_equal(x, y) for x, y in zip(host(sharded.frozen), host(base)))
+    merged = sharded.policy_params(s2.params)
+    for x, y in zip(jax.tree.leaves(merged), jax.tree.leaves(placed)):
+        assert x.sharding == y.sharding
+    assert_trees_close(single.policy_params(s1.params), merged, "merged policy", PARAMS_AFTER_ADAM_TOL)
+    assert all(v == 1 for v in sharded.cache_sizes().values()), sharded.cache_sizes()
+
+
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 if __name__ == "__main__":

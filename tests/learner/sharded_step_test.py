@@ -34,6 +34,11 @@ def test_packed_grpo_steps_on_a_mesh_equal_one_device():
     run_checks("grpo_packed_data_fsdp")
 
 
+def test_lora_steps_on_a_mesh_equal_one_device():
+    # adapters sharded like their kernels' axes, the frozen base an argument with its own layout
+    run_checks("lora_fsdp_tensor")
+
+
 @pytest.mark.slow
 def test_ppo_steps_on_meshes_equal_one_device():
     run_checks("ppo_fsdp_tensor", "ppo_data_fsdp")
