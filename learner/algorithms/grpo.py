@@ -419,7 +419,7 @@ def grpo_token_loss(
         mean_entropy = token_sum(entropy, mask, num_tokens)
         if cfg.entropy_coef:
             bonus = mean_entropy
-            if getattr(cfg, "entropy_scope", "all") == "signal":  # only where the policy gradient acts
+            if cfg.entropy_scope == "signal":  # only where the policy gradient acts
                 bonus = token_sum(entropy, mask * (advantages != 0), num_tokens)
             loss = loss - cfg.entropy_coef * bonus
         metrics["entropy"] = sg(mean_entropy)
