@@ -53,7 +53,8 @@ def test_four_then_three_then_four_processes(tmp_path):
 
 
 def test_three_processes_learn_sort6(tmp_path):
-    # the acceptance run: `cadence train learner.processes=3` (re-planned rows) to 0.5
+    # the acceptance run: `cadence train learner.processes=3` (re-planned rows) to 0.5; it
+    # replaced the same run at 2 processes (an even split learns through the same group and rows)
     run = str(tmp_path / "run")
     r = cadence("learner.processes=3", "run.stop_at_exact_match=0.5", "run.steps=800", "task.heldout_size=128",
                 "run.progress=false", f"run.dir={run}", timeout=3600)

@@ -49,16 +49,6 @@ def test_two_processes_equal_one_in_sync_mode_and_resume_on_one(tmp_path):
     assert all(np.isfinite(r["loss"]) for r in rows[1:])
 
 
-def test_two_processes_learn_sort6(tmp_path):
-    run = str(tmp_path / "run")
-    r = cadence("learner.processes=2", "run.stop_at_exact_match=0.5", "run.steps=800",
-                "task.heldout_size=128", "run.progress=false", f"run.dir={run}", timeout=3000)
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads(open(os.path.join(run, "summary.json")).read())
-    assert summary["target_reached_at"] is not None, summary
-    assert summary["final_eval"]["eval/exact_match"] >= 0.5
-
-
 def test_a_group_that_cannot_start_exits_nonzero_naming_the_key(tmp_path):
     # 3 tensor-parallel devices do not divide the group's 2: every process fails at start, none hangs
     r = cadence("learner.processes=2", "learner.mesh.tensor=3", "learner.mesh.fsdp=1",
