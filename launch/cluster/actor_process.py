@@ -245,8 +245,10 @@ def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log, sglang_urls=
         where = ", ".join(sglang_urls) if sglang_urls else f"{cfg.actors.sglang.num_servers} launched here"
         log(f"{actor_id}: SGLang servers: {where} (sync {cfg.actors.sglang.sync}, files in {work_dir})")
     template, transform = policy.params, None
-    if cfg.actors.engine == "jax" and engine.abstract_params(template) is not None:
-        template = engine.abstract_params(template)  # tensor-parallel: weights arrive straight in the shards
+    if cfg.actors.engine == "jax" and engine.mesh is not None:  # tensor-parallel: weights arrive in the shards
+        template = engine.abstract_params(template)
+        log(f"{actor_id}: built-in engine tensor-parallel over {engine.mesh.size} "
+            f"{engine.mesh.mesh.devices.flat[0].platform} devices (each holds 1/{engine.mesh.size} of the model)")
     if cfg.learner.lora.rank > 0:  # the learner sends adapters: merged here into this host's base
         template, transform = _lora_weights(cfg, policy, log, actor_id)
     weights = RemoteWeights(lambda endpoint: WeightClient(endpoint, ctx=ctx, keys=keys), template,
