@@ -104,13 +104,14 @@ def main() -> None:
                       compute_dtype=args.dtype)
     prompts = np.random.default_rng(0).integers(1, cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
     abstract = llama.abstract_params(cfg)[1]
-    rows, base = [], None
-    for tp in sizes:
-        row, tokens = run_tp(cfg, tp, args, prompts)
-        if tp == 1:
-            base = tokens
-        elif base is not None:  # same seed, same init whatever the sharding (threefry is partitionable)
-            row["same_greedy_tokens_as_tp1"] = bool(np.array_equal(tokens, base))
+    # Largest tp first: a device's peak-memory count lasts the whole process, and tp 1's model on
+    # device 0 would otherwise show in every later run's peak there.
+    runs = {tp: run_tp(cfg, tp, args, prompts) for tp in sorted(set(sizes), reverse=True)}
+    rows = []
+    for tp in sorted(runs):
+        row, tokens = runs[tp]
+        if tp > 1 and 1 in runs:  # same seed, same init whatever the sharding (threefry is partitionable)
+            row["same_greedy_tokens_as_tp1"] = bool(np.array_equal(tokens, runs[1][1]))
         rows.append(row)
     kind = jax.devices()[0].device_kind
     print(json.dumps({
