@@ -23,6 +23,11 @@ logprobs are untruncated. The truncation itself is reported, not hidden: ``kept_
 log of the probability mass the nucleus kept at each step (0 without top-p), so the true sampling
 probability of a token is ``exp(logprob - kept_logmass)`` and ``-kept_logmass`` is exactly
 KL(truncated || full) of that step, the part of the sampler/learner mismatch that truncation adds.
+
+Tensor parallelism (``EngineConfig.tensor_parallel`` > 1, actors/engine_mesh.py): the same program
+runs on a mesh of this process's devices with the learner's logical-axis rules; params and the KV
+cache are split by head, MLP width and vocabulary, the logits are gathered whole for the sampler,
+and generate() places the params it is given onto the mesh (once per params object).
 """
 
 import dataclasses
