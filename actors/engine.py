@@ -23,6 +23,11 @@ logprobs are untruncated. The truncation itself is reported, not hidden: ``kept_
 log of the probability mass the nucleus kept at each step (0 without top-p), so the true sampling
 probability of a token is ``exp(logprob - kept_logmass)`` and ``-kept_logmass`` is exactly
 KL(truncated || full) of that step, the part of the sampler/learner mismatch that truncation adds.
+
+Tensor parallelism (``EngineConfig.tensor_parallel`` > 1, actors/engine_mesh.py): the same program
+runs on a mesh of this process's devices with the learner's logical-axis rules; params and the KV
+cache are split by head, MLP width and vocabulary, the logits are gathered whole for the sampler,
+and generate() places the params it is given onto the mesh (once per params object).
 """
 
 import dataclasses
@@ -38,6 +43,7 @@ import numpy as np
 from cadence.actors.engine_api import Engine, GenerationResult
 from cadence.learner.models import llama
 from cadence.learner.models.config import ModelConfig
+from cadence.learner.sharding import constrain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +55,10 @@ class EngineConfig:
     top_p: float = 1.0  # default nucleus mass in (0, 1]; 1 disables truncation
     batch_buckets: tuple[int, ...] = (8, 16, 32, 64, 128)  # batch sizes compiled; larger calls are chunked (held-out eval reuses the actors' 128-row program)
     prompt_bucket: int = 8  # prompt lengths are padded up to a multiple of this
+    # devices of this process that split the model for decoding (heads, KV cache, MLP width and
+    # vocabulary over a 'tensor' mesh axis, by the learner's logical-axis rules: actors/engine_mesh.py),
+    # so a process with several devices runs a model one of them cannot hold; 1 = one device
+    tensor_parallel: int = 1
 
     def validate(self) -> None:
         """Raises ValueError("<field>: <problem>")."""
@@ -64,6 +74,8 @@ class EngineConfig:
             raise ValueError(f"batch_buckets: must be positive and strictly increasing, got {self.batch_buckets}")
         if self.prompt_bucket < 1:
             raise ValueError(f"prompt_bucket: must be >= 1, got {self.prompt_bucket}")
+        if self.tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel: must be >= 1, got {self.tensor_parallel}")
 
 
 def _nucleus(logp, top_p):
@@ -180,6 +192,18 @@ def _stopped(recent, stop_ids, stop_mask):
     return jnp.any(hit & jnp.any(stop_mask, axis=-1)[None], axis=-1)
 
 
+# Layouts under tensor parallelism (actors/engine_mesh.py; no-ops on one device): the cache split
+# by KV head like the k/v projections that fill it, and the logits whole for the sampler (its sort
+# and cumulative sums over a split vocabulary would gather them anyway, once per use).
+_WHOLE_LOGITS = ("batch", None)
+_CACHE_KV = ("batch", "kv", None, None)  # k [B, KV, L, Dh] and v [B, KV, Dh, L]
+
+
+def _pin(cache: llama.KVCache) -> llama.KVCache:
+    return cache._replace(k=tuple(constrain(k, _CACHE_KV) for k in cache.k),
+                          v=tuple(constrain(v, _CACHE_KV) for v in cache.v))
+
+
 def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask, active, rng, temperature, top_p,
               greedy, stop_ids, stop_mask):
     """The whole generation for one bucket: prefill, then a while-loop of decode steps.
@@ -193,8 +217,9 @@ def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)  # [B, P]
     prompt_len = jnp.sum(mask, axis=1).astype(jnp.int32)  # [B] = position of the first new token
     # The last sampled token is never fed back, hence M - 1 decode slots.
-    cache = llama.init_cache(model_cfg, b, p + max_new - 1)
+    cache = _pin(llama.init_cache(model_cfg, b, p + max_new - 1))
     logits, cache = llama.prefill(graphdef, params, cache, tokens, positions, mask)
+    logits, cache = constrain(logits, _WHOLE_LOGITS), _pin(cache)
 
     def record(i, tok, lp, km, out_tok, out_lp, out_km, lengths, recent, done):
         out_tok = out_tok.at[:, i].set(jnp.where(done, pad_id, tok))
@@ -225,6 +250,7 @@ def _generate(graphdef, model_cfg, max_new, eos_id, pad_id, params, tokens, mask
     def body(carry):
         i, cache, tok, out_tok, out_lp, out_km, lengths, recent, done = carry
         logits, cache = llama.decode_step(graphdef, params, cache, tok, prompt_len + i - 1)
+        logits, cache = constrain(logits, _WHOLE_LOGITS), _pin(cache)
         tok, lp, km = sample_step(logits, jax.random.fold_in(rng, i), temperature, top_p, greedy)
         out_tok, out_lp, out_km, lengths, recent, done = record(i, tok, lp, km, out_tok, out_lp, out_km,
                                                                 lengths, recent, done)
@@ -252,9 +278,14 @@ class JaxEngine(Engine):
         cfg.validate()
         self.model_cfg, self.cfg = model_cfg, cfg
         self.eos_id, self.pad_id = int(eos_id), int(pad_id)
-        self._generate = jax.jit(
-            functools.partial(_generate, graphdef, model_cfg, cfg.max_new_tokens, self.eos_id, self.pad_id)
-        )
+        run = functools.partial(_generate, graphdef, model_cfg, cfg.max_new_tokens, self.eos_id, self.pad_id)
+        self.mesh = None  # one device: the plain program
+        if cfg.tensor_parallel > 1:
+            from cadence.actors.engine_mesh import EngineMesh
+
+            self.mesh = EngineMesh(cfg.tensor_parallel)
+            run = self.mesh.activations(run)
+        self._generate = jax.jit(run)
         self._shapes: set[tuple[int, int]] = set()
 
     @property
@@ -324,6 +355,8 @@ class JaxEngine(Engine):
                 f"max_seq_len ({self.model_cfg.max_seq_len})"
             )
         scalars = (np.float32(temperature), np.float32(top_p), np.bool_(greedy), *stop_block(stop))
+        if self.mesh is not None:
+            params, scalars = self.mesh.place(params), self.mesh.replicate(scalars)
         chunk = self.cfg.batch_buckets[-1]
         starts = list(range(0, n, chunk))
         keys = [rng] if len(starts) == 1 else list(jax.random.split(rng, len(starts)))
@@ -332,6 +365,8 @@ class JaxEngine(Engine):
             rows = prompts[lo : lo + chunk]
             tokens, mask, active = self._pack(rows, lens[lo : lo + chunk])
             self._shapes.add(tokens.shape)
+            if self.mesh is not None:
+                tokens, mask, active, key = self.mesh.replicate((tokens, mask, active, key))
             outs.append(self._generate(params, tokens, mask, active, key, *scalars))
         # One transfer for everything, then drop the bucket-filler rows.
         outs = jax.device_get(outs)
@@ -341,6 +376,16 @@ class JaxEngine(Engine):
         kept = np.concatenate([o[3][: min(chunk, n - lo)] for o, lo in zip(outs, starts)])
         return GenerationResult(out_tok, out_lp, lengths, time.perf_counter() - start,
                                 int(lengths.sum()), kept)
+
+    def place(self, params):
+        """params where generate() runs them: on the default device, or split over the engine's
+        mesh (engine.tensor_parallel > 1: each device receives only its shards)."""
+        return jax.device_put(params) if self.mesh is None else self.mesh.place(params)
+
+    def abstract_params(self, params):
+        """params' shapes and dtypes carrying the shardings generate() wants (None on one device):
+        a template weights can be built into directly (actor processes: named_arrays.ParamLayout)."""
+        return None if self.mesh is None else self.mesh.abstract(params)
 
     def sync_weights(self, params, version: int, min_version: int | None = None) -> bool:
         return False  # generate() reads the params it is given

@@ -33,9 +33,18 @@
 #   9. the whole RL loop at 0.5B and 1.5B (benchmarks/rl_loop_bench.py: `cadence train`, engine and
 #      learner sharing the GPU, packing and chunked log-probs): seconds per update split into
 #      generation and learner, the learner's tokens/s and MFU beside (8)'s learner alone, peak memory
+#  10. only on a host with 8 GPUs (skipped with a message otherwise; issue 30): the sharded learner at
+#      1.5B with fsdp 8 and with data 2 x fsdp 4 (tokens/s, MFU, per-device peak memory and param
+#      bytes); a 14B model (Qwen2.5-14B's shape, ~180 GB of bf16 params, float32 Adam moments and
+#      gradients: more than one H100 or H200 holds) written as a random HF checkpoint, loaded straight
+#      into the fsdp-8 mesh and trained a few updates; the built-in engine decoding tensor-parallel
+#      (engine.tensor_parallel): an 8B model at tp 1 vs tp 8 (same greedy tokens, tokens/s, per-device
+#      bytes), and a 70B model that only tp 8 holds (benchmarks/engine_tp_bench.py). Written without
+#      a multi-GPU machine: not yet run on one. PARTS=gpu8 runs only these.
 # PARTS="wsync_nccl_1b_bf16 learner_scale" runs only the named parts (default: all): the parts that
 # have not run on a GPU yet are `PARTS="wsync_nccl_1b_bf16 learner_scale_0.5b learner_scale_1.5b"`.
 # SGL_DEVICE=cpu runs part 4's server on the CPU (a dry run of this script's flow on a CPU machine).
+# GPU8_DEVICE=cpu runs part 10 on 8 forced CPU devices at tiny sizes (a dry run of its commands).
 # Parts stop being started once DEADLINE_S seconds (default 540) have passed, and each is cut at it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -126,4 +135,28 @@ part rl_loop_0.5b 180 "$PY" benchmarks/rl_loop_bench.py --preset 0.5b --steps 8 
   --microbatch-tokens 8192 --logits-chunk 128 --remat block
 part rl_loop_1.5b 240 "$PY" benchmarks/rl_loop_bench.py --preset 1.5b --steps 6 --batch 64 --max-new-tokens 512 \
   --microbatch-tokens 4096 --logits-chunk 128 --remat full
+# Part 10: one host, 8 GPUs. Rows split over data x fsdp = 8 devices, so microbatches are multiples of 8.
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "${GPU8_DEVICE:-cuda}" = cpu ]; then  # the same commands at tiny sizes on 8 CPU devices
+  G8ENV="JAX_PLATFORMS=cpu"; L8="--preset tiny --devices 8 --seq-len 64 --batch 16 --microbatch 8 --repeats 1"
+  B8="$L8"; E8="--preset tiny --devices 8 --batch 8 --prompt-len 16 --new-tokens 16 --repeats 1"; E70="$E8"
+elif [ "$NGPU" -ge 8 ]; then
+  G8ENV=""; L8="--preset 1.5b --seq-len 1024 --batch 64 --microbatch 8 --remat block --repeats 5"
+  B8="--preset 14b --seq-len 1024 --batch 16 --microbatch 8 --remat full --repeats 2"
+  E8="--preset 8b --dtype bfloat16 --batch 64 --prompt-len 128 --new-tokens 128 --repeats 3"
+  E70="--preset 70b --dtype bfloat16 --batch 32 --prompt-len 128 --new-tokens 64 --repeats 2"
+fi
+if [ -n "${L8:-}" ]; then
+  part gpu8_fsdp8 240 env $G8ENV "$PY" benchmarks/learner_scale_bench.py $L8 --fsdp 8
+  part gpu8_data2-fsdp4 240 env $G8ENV "$PY" benchmarks/learner_scale_bench.py $L8 --data 2 --fsdp 4
+  CKPT8="${CKPT8:-/tmp/cadence-ckpt-gpu8}"  # ~30 GB at 14B; removed afterwards
+  rm -rf "$CKPT8"
+  part gpu8_load-train-14b 600 env $G8ENV "$PY" benchmarks/learner_scale_bench.py $B8 --fsdp 8 --no-bare --ckpt "$CKPT8"
+  rm -rf "$CKPT8"
+  part gpu8_engine-tp8 300 env $G8ENV "$PY" benchmarks/engine_tp_bench.py $E8 --tp 1,8
+  part gpu8_engine-tp8-70b 420 env $G8ENV "$PY" benchmarks/engine_tp_bench.py $E70 --tp 8
+elif [ "$PARTS" = all ] || [[ " $PARTS " == *" gpu8 "* ]]; then
+  echo "== gpu8 skipped: $NGPU GPUs here, part 10 needs 8 (GPU8_DEVICE=cpu: a dry run on CPU devices)"
+  echo "{\"part\": \"gpu8\", \"skipped\": \"$NGPU GPUs\"}" >>"$OUT/summary.jsonl"
+fi
 echo "== done ($(date +%T))"

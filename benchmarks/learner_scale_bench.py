@@ -9,6 +9,12 @@ devices, with the same shardings. MFU counts the model's FLOPs (6 x params x tok
 
     python benchmarks/learner_scale_bench.py --preset 0.5b --seq-len 1024 --batch 32 --microbatch 8
     python benchmarks/learner_scale_bench.py --preset tiny --devices 4 --fsdp 2 --tensor 2   # CPU dry run
+    python benchmarks/learner_scale_bench.py --preset 14b --fsdp 8 --ckpt /tmp/ckpt-14b --no-bare
+
+--ckpt DIR loads the params from the Hugging Face checkpoint there, straight into the mesh (each
+device receives only its slices: learner/models/hf_load.py), instead of the random init; a DIR
+without config.json first gets a random checkpoint of --preset written there (initialised in the
+mesh, exported one shard file at a time), so a model larger than one device loads and trains.
 
 Prints one JSON line. Written for benchmarks/gpu_learner.sh; not yet run on a GPU.
 """
@@ -46,6 +52,10 @@ PRESETS = {
     "tiny": dict(vocab_size=256, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=512),
     "0.5b": dict(vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, d_ff=4864),
     "1.5b": dict(vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, d_ff=8960),
+    # Qwen2.5-14B's shape: bf16 params 29.5 GB, with float32 Adam moments and gradients ~180 GB of
+    # training state, more than one H100 or H200 holds (the 8-GPU part of benchmarks/gpu_check.sh)
+    "14b": dict(vocab_size=152064, d_model=5120, n_layers=48, n_heads=40, n_kv_heads=8, d_ff=13824,
+                tie_embeddings=False),
 }
 PEAK_TFLOPS = {"NVIDIA H200": 989.0, "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA A100-SXM4-80GB": 312.0}
 
@@ -73,6 +83,31 @@ def peak_bytes() -> int | None:
     return max(peaks) if peaks else None
 
 
+def load_into_mesh(ckpt: str, mcfg: ModelConfig, layout) -> dict:
+    """The params read from the checkpoint at ckpt straight into layout's shards (a random one of
+    mcfg written there first if it has none: initialised in the mesh, freed before the load);
+    {"graphdef", "params", "ckpt_write_s", "load_s", "load_peak_bytes"}."""
+    import os
+
+    from cadence.learner.models import hf_config, hf_export, hf_load
+
+    out = {"ckpt": ckpt, "ckpt_write_s": None}
+    if not os.path.exists(os.path.join(ckpt, "config.json")):
+        t0 = time.perf_counter()
+        _, random = llama.init_params(mcfg, 0, layout.params)
+        hf_export.export_checkpoint(mcfg, random, ckpt)  # one shard file's tensors on the host at a time
+        del random
+        out["ckpt_write_s"] = round(time.perf_counter() - t0, 2)
+    cfg = hf_config.model_config_from_checkpoint(ckpt, mcfg)
+    if llama.count_params(llama.abstract_params(cfg)[1]) != llama.count_params(layout.abstract):
+        raise SystemExit(f"--ckpt: {ckpt} holds another architecture than --preset")
+    t0 = time.perf_counter()
+    graphdef, loaded = hf_load.load_params(ckpt, cfg, layout.params)
+    jax.block_until_ready(loaded)
+    out.update(graphdef=graphdef, params=loaded, load_s=round(time.perf_counter() - t0, 2), load_peak_bytes=peak_bytes())
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
@@ -95,6 +130,7 @@ def main() -> None:
                    help="learner.microbatch_tokens (0: one sample per row; > 0: packed rows)")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device peak (0: by device kind)")
     p.add_argument("--no-bare", action="store_true", help="skip the bare step (saves its memory)")
+    p.add_argument("--ckpt", default="", help="load from this HF checkpoint into the mesh (written first if absent)")
     args = p.parse_args()
 
     mcfg = ModelConfig(**PRESETS[args.preset], max_seq_len=args.seq_len, param_dtype=args.dtype,
@@ -106,10 +142,15 @@ def main() -> None:
     cfg.validate()
     _, abstract = llama.abstract_params(mcfg)
     layout = sharding.make_layout(mesh, abstract, force=True)
-    t0 = time.perf_counter()
-    graphdef, params = llama.init_params(mcfg, 0, layout.params)
-    jax.block_until_ready(params)
-    init_s = time.perf_counter() - t0
+    init_s, loaded = None, {}
+    if args.ckpt:
+        loaded = load_into_mesh(args.ckpt, mcfg, layout)
+        graphdef, params = loaded.pop("graphdef"), loaded.pop("params")
+    else:
+        t0 = time.perf_counter()
+        graphdef, params = llama.init_params(mcfg, 0, layout.params)
+        jax.block_until_ready(params)
+        init_s = time.perf_counter() - t0
     step = GRPOTrainStep(llama_logits(graphdef, args.remat), cfg, layout=layout)
     groups = make_groups(args.batch, args.group, args.seq_len, mcfg.vocab_size, lengths=args.lengths)
     if args.microbatch_tokens:
@@ -182,8 +223,9 @@ def main() -> None:
         "ratio": None if bare_t is None else round(bare_t / ours_t, 3),
         "tflops_per_device": round(achieved / len(jax.devices()), 2),
         "mfu": round(achieved / len(jax.devices()) / peak, 4) if peak else None,
+        "param_shard_bytes": sharding.shard_bytes(layout.abstract, layout.params),  # one device's params
         "peak_bytes_ours": peak_ours, "peak_bytes_with_bare": peak_bytes(),
-        "init_s": round(init_s, 2), "first_update_s": round(first_s, 2),
+        "init_s": init_s and round(init_s, 2), "first_update_s": round(first_s, 2), **loaded,
         "compiles": step.cache_sizes(),
         "config": dataclasses.asdict(mcfg),
     }))

@@ -222,7 +222,7 @@ def prepare(config: dict, warm: bool = False, sglang_urls: tuple[str, ...] = (),
 
             from cadence.actors.episodes import generate_rollouts
 
-            zeros = jax.device_put(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), policy.params))
+            zeros = engine.place(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), policy.params))
             rows = [task.prompt(i) for i in range(cfg.actors.prompts_per_call) for _ in range(cfg.learner.group_size)]
             generate_rollouts(engine, zeros, task, rows, jax.random.fold_in(jax.random.key(cfg.actors.seed), 0))
     return Parts(config, cfg, policy, task, engine, make_scorer(cfg.task, task, policy.tokenizer))
@@ -245,6 +245,10 @@ def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log, sglang_urls=
         where = ", ".join(sglang_urls) if sglang_urls else f"{cfg.actors.sglang.num_servers} launched here"
         log(f"{actor_id}: SGLang servers: {where} (sync {cfg.actors.sglang.sync}, files in {work_dir})")
     template, transform = policy.params, None
+    if cfg.actors.engine == "jax" and engine.mesh is not None:  # tensor-parallel: weights arrive in the shards
+        template = engine.abstract_params(template)
+        log(f"{actor_id}: built-in engine tensor-parallel over {engine.mesh.size} "
+            f"{engine.mesh.mesh.devices.flat[0].platform} devices (each holds 1/{engine.mesh.size} of the model)")
     if cfg.learner.lora.rank > 0:  # the learner sends adapters: merged here into this host's base
         template, transform = _lora_weights(cfg, policy, log, actor_id)
     weights = RemoteWeights(lambda endpoint: WeightClient(endpoint, ctx=ctx, keys=keys), template,
