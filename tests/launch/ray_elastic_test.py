@@ -70,6 +70,7 @@ def test_an_actor_in_a_crash_loop_fails_the_run_with_its_last_error(cluster_up, 
 
 
 def test_a_learner_of_four_continues_on_three_and_grows_back_to_four(cluster_up, run_dir):
+    # (it replaced a 2 -> 1 -> 2 run: the same loss, restart and growth, at a mesh that divides)
     # two learner processes per node (half a CPU each), the actor on the head: the worker node's loss
     # leaves room for three on the head, a mesh the 32-row microbatch does not split over
     proc = launch(cluster_up, run_dir, *SHORT, "learner.processes=4", "launch.learner_cpus=0.5",

@@ -143,29 +143,3 @@ def test_elastic_learner_two_processes_lose_one_continue_on_one(cluster_up, run_
     assert resumed["learner_processes"] == 1
     # the params the one process resumed with are bit for bit the two processes' checkpoint
     assert resumed["params_sha256"] == checkpoint_digest(run_dir, resumed["step"])
-
-
-def test_elastic_learner_grows_back_when_the_node_returns(cluster_up, run_dir):
-    proc = launch(cluster_up, run_dir, *SHORT, "learner.processes=2", "launch.learner_strategy=STRICT_SPREAD",
-                  f"launch.actor_resources=[{HEAD_RESOURCE}=0.1]", "actors.processes=1", "run.steps=5000",
-                  "launch.elastic_timeout_s=5", "launch.grow_check_s=3", "checkpoint.every_steps=3")
-
-    def step():
-        return status(run_dir).get("step") or 0
-
-    wait_for(lambda: step() >= 4 and status(run_dir)["learner"]["processes"] == 2, 1200, "step 4 on 2", proc)
-    cluster_up.kill_worker()
-    wait_for(lambda: status(run_dir)["learner"]["processes"] == 1 and status(run_dir)["state"] == "running",
-             600, "the group on one process", proc)
-    s0 = step()
-    wait_for(lambda: step() > s0, 600, "a step on one process", proc)
-    cluster_up.start_worker()  # capacity returns: the driver checkpoints and restarts the group on 2
-    wait_for(lambda: status(run_dir)["learner"]["processes"] == 2 and status(run_dir)["state"] == "running",
-             600, "the group back on two processes", proc)
-    s1 = step()
-    wait_for(lambda: step() >= s1 + 3, 900, "steps on two processes again", proc)
-    stop_launch(run_dir)
-    summary = finish(proc, run_dir, timeout=600)
-    assert summary["samples"] == 8 * summary["ledger"]["consumed"]
-    assert summary["launch"]["learner_restarts"] == 1  # the loss; growing back is not a failure
-    assert len(summary["resumed_from"]) == 2  # onto 1 process, then onto 2
