@@ -371,9 +371,6 @@ class LearnerConfig:
             if self.sft.steps > 0:
                 raise ValueError("sft.steps: the supervised warm-up trains every weight; set it to 0 for "
                                  "a LoRA run (lora.rank > 0), which starts from a trained base")
-            if self.processes > 1 or self.distributed.coordinator or self.distributed.auto_detect:
-                raise ValueError("lora.rank: LoRA runs in one learner process (learner.processes=1, "
-                                 "no learner.distributed group)")
         for key in ("optimizer", "grpo", "ppo", "sft", "mesh", "distributed", "lora"):
             try:
                 getattr(self, key).validate()
