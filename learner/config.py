@@ -202,7 +202,9 @@ class LoraConfig:
     alpha: float = 16.0  # scale numerator: the update is alpha / rank * x A B (PEFT's lora_alpha)
     # Which projections get adapters: any of q, k, v, o (attention), gate, up, down (MLP).
     targets: tuple[str, ...] = LORA_TARGETS
-    # Dropout on the adapters' input; only 0 is built (the jitted step takes no random key).
+    # Dropout on the adapters' input in the train step's gradient pass (PEFT's lora_dropout), masks
+    # keyed by learner.seed and the update's step (exact resume); off wherever the policy is sampled,
+    # evaluated or its proximal log-probs recomputed. 0 = off.
     dropout: float = 0.0
 
     def validate(self) -> None:
@@ -218,9 +220,8 @@ class LoraConfig:
                 raise ValueError(f"targets: unknown projection {name!r}; choose from {', '.join(LORA_TARGETS)}")
         if len(set(self.targets)) != len(self.targets):
             raise ValueError(f"targets: lists a projection twice: {list(self.targets)}")
-        if self.dropout != 0.0:
-            raise ValueError(f"dropout: only 0 is supported (the train step is pure, without a "
-                             f"dropout key), got {self.dropout}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout: must be in [0, 1), got {self.dropout}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,77 @@ def test_lora_linear_forward_and_gradients_match_numpy():
     np.testing.assert_allclose(np.asarray(grads["lora"]["lora_b"][...]), s * (x @ A).T @ g, rtol=1e-5, atol=1e-5)
 
 
+def test_adapter_dropout_masks_the_adapter_input_only_and_only_inside_its_context():
+    lc = LoraConfig(rank=2, alpha=3.0, targets=("q",), dropout=0.4)
+    layer = llama._linear(TINY, 6, 4, nnx.Rngs(0), ("embed", "heads"), lora=lc, target="q")
+    rng = np.random.default_rng(1)
+    W, A, B = rng.normal(size=(6, 4)), rng.normal(size=(6, 2)), rng.normal(size=(2, 4))
+    layer.kernel.set_value(jnp.asarray(W, jnp.float32))
+    layer.lora.lora_a.set_value(jnp.asarray(A, jnp.float32))
+    layer.lora.lora_b.set_value(jnp.asarray(B, jnp.float32))
+    graphdef, state = nnx.split(layer)
+    x = rng.normal(size=(3, 5, 6)).astype(np.float32)
+    s, p, key = 3.0 / 2, 0.4, jax.random.key(7)
+
+    def run(x):  # two calls in one pass: the second adapter reached draws another mask
+        layer = nnx.merge(graphdef, state)
+        return layer(x), layer(x)
+
+    with lora.adapter_dropout(key, p):
+        y1, y2 = jax.jit(run)(jnp.asarray(x))
+    # NumPy reference: the masks are the ones jax.random draws from fold_in(key, n) for the n-th call
+    for n, y in enumerate((y1, y2)):
+        keep = np.asarray(jax.random.bernoulli(jax.random.fold_in(key, n), 1 - p, x.shape))
+        dropped = np.where(keep, x / (1 - p), 0.0)
+        np.testing.assert_allclose(np.asarray(y), x @ W + s * (dropped @ A) @ B, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.asarray(y1), np.asarray(y2))
+    assert 0.3 < 1 - np.asarray(jax.random.bernoulli(jax.random.fold_in(key, 0), 1 - p, x.shape)).mean() < 0.5
+    y0, _ = run(jnp.asarray(x))  # outside the context (sampling, evaluation): the adapters whole
+    np.testing.assert_allclose(np.asarray(y0), x @ W + s * (x @ A) @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_acts_in_the_gradient_pass_only_and_its_masks_follow_the_step():
+    lc = LoraConfig(rank=4, alpha=8.0, dropout=0.3)
+    cfg = dataclasses.replace(_learner_cfg(lc), minibatches=2, microbatch_size=4,
+                              grpo=dataclasses.replace(LearnerConfig().grpo, correction="decoupled"))
+    _, base = llama.init_params(TINY, 0)
+    lgraphdef, adapters = lora.init_adapters(TINY, lc, seed=0)
+    adapters = jax.tree.map(lambda x: x + 0.05, adapters)  # B != 0: the adapters matter
+    params = lora.join(base, adapters)
+    batches = [build_microbatches(_groups(i), T, 4, 0, cfg.grpo) for i in range(2)]
+
+    def two_updates(cfg, stop_after=2):
+        step = make_train_step(lgraphdef, cfg)
+        state = step.init(params)
+        losses = []
+        for mbs, stats in batches[:stop_after]:
+            state, m = step.update(state, mbs, stats["num_tokens"])
+            losses.append(m["loss"])
+        return step, state, losses
+
+    step, dropped, losses = two_updates(cfg)
+    _, whole, losses0 = two_updates(dataclasses.replace(cfg, lora=dataclasses.replace(lc, dropout=0.0)))
+    assert losses[0] != losses0[0]  # the masks reach the loss...
+    # ...but not the proximal log-probs (the trust region's centre is the policy actors sample)
+    mbs = batches[0][0]
+    prox = step.proximal_logprobs(step.init(params).params, mbs)
+    prox0 = make_train_step(lgraphdef, dataclasses.replace(cfg, lora=dataclasses.replace(lc, dropout=0.0)))
+    prox0 = prox0.proximal_logprobs(prox0.init(params).params, mbs)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(prox, prox0))
+    # the same step, minibatch and microbatch draw the same masks: a fresh learner at the
+    # checkpointed step (as a resume builds it) ends where the uninterrupted one did
+    _, first, _ = two_updates(cfg, stop_after=1)
+    again = make_train_step(lgraphdef, cfg)
+    again.init(params)
+    resumed, m = again.update(first, *[batches[1][0], batches[1][1]["num_tokens"]])
+    assert m["loss"] == losses[1]
+    assert _bitwise_equal(resumed.params, dropped.params)
+    assert not _bitwise_equal(dropped.params, whole.params)
+    # another seed, other masks
+    _, _, other = two_updates(dataclasses.replace(cfg, seed=1))
+    assert other[0] != losses[0]
+
+
 def _batch(seed=0):
     tokens = jax.random.randint(jax.random.key(seed), (2, T), 1, TINY.vocab_size)
     positions = jnp.tile(jnp.arange(T), (2, 1))
@@ -188,7 +259,8 @@ def test_rank_zero_is_the_full_fine_tuning_path():
     (dict(rank=4, alpha=0.0), "lora.alpha: must be > 0"),
     (dict(rank=4, targets=("q", "w")), "lora.targets: unknown projection 'w'"),
     (dict(rank=4, targets=()), "lora.targets: must name at least one"),
-    (dict(rank=4, dropout=0.1), "lora.dropout: only 0 is supported"),
+    (dict(rank=4, dropout=1.0), r"lora.dropout: must be in \[0, 1\)"),
+    (dict(rank=4, dropout=-0.1), r"lora.dropout: must be in \[0, 1\)"),
 ])
 def test_lora_config_errors_name_the_key(kw, match):
     with pytest.raises(ValueError, match=match):
