@@ -365,13 +365,6 @@ class LearnerConfig:
         if self.processes > 1 and (self.distributed.coordinator or self.distributed.auto_detect):
             raise ValueError("processes: starts a local group; leave it at 1 when learner.distributed "
                              "describes the group (one process per host)")
-        if self.lora.rank > 0:
-            if self.algorithm != "grpo":
-                raise ValueError("lora.rank: LoRA is built for algorithm=grpo only (PPO's critic and "
-                                 "reference policy are full models); set lora.rank=0")
-            if self.sft.steps > 0:
-                raise ValueError("sft.steps: the supervised warm-up trains every weight; set it to 0 for "
-                                 "a LoRA run (lora.rank > 0), which starts from a trained base")
         for key in ("optimizer", "grpo", "ppo", "sft", "mesh", "distributed", "lora"):
             try:
                 getattr(self, key).validate()

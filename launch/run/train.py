@@ -159,8 +159,9 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
                                  completion_budget=cfg.engine.max_new_tokens, temperature=cfg.engine.temperature)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
-    logits_fn = llama_logits(policy.graphdef, cfg.learner.remat)
-    sft_step = SFTStep(logits_fn, learner_cfg.sft, procs.layout, logits_chunk=cfg.learner.logits_chunk)
+    logits_fn = llama_logits(graphdef, cfg.learner.remat)  # LoRA: the warm-up trains the adapters alone
+    sft_step = SFTStep(logits_fn, learner_cfg.sft, procs.layout, logits_chunk=cfg.learner.logits_chunk,
+                       lora=learner_cfg.lora)
     # LoRA: the final params are merged on the mesh by every process, then written
     save_params = save_merged(train_step, artifacts.save_params) if lora_base else artifacts.save_params
     if not procs.group.is_leader:  # params0: the group's first params generation (LoRA: base + adapters)

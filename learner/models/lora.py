@@ -113,6 +113,13 @@ def join(base: nnx.State, adapters: nnx.State) -> nnx.State:
     return nnx.merge_state(base, adapters)
 
 
+def on_mesh(layout, adapters: nnx.State, shardings) -> nnx.State:
+    """The adapters placed by `shardings` on the layout's mesh: fresh ones (the same values on every
+    process) are put there; those already there (a warm-up's, a restore's) are kept as they are."""
+    return jax.tree.map(lambda x, s: x if getattr(x, "sharding", None) == s else layout.place(x, s),
+                        adapters, shardings)
+
+
 def lora_graphdef(model_cfg: ModelConfig, lora_cfg) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef of the LoRA model, its adapters as ShapeDtypeStructs with sharding metadata)."""
     from cadence.learner.models.llama import abstract_params

@@ -250,7 +250,7 @@ class GRPOTrainStep:
         if self.lora is not None:
             params, self._base = lora.split(params)
             if self.layout is not None:  # the adapters' own shardings: their jits are built now
-                params = self.layout.place(params, self._jit_lora_on_mesh(params))
+                params = lora.on_mesh(self.layout, params, self._jit_lora_on_mesh(params))
         if self.cfg.master_weights:
             params = master_copy(params)
         return LearnerState(params=params, opt_state=self._init_opt(params), step=0)

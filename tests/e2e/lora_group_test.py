@@ -1,6 +1,7 @@
 """LoRA on a learner of two processes (`learner.processes=2`, 2 CPU devices each: a fsdp 2 x
-tensor 2 mesh across them), from the sort-6 fixture: it trains as one process does, and a run
-stopped and resumed on the group equals an uninterrupted one, bit for bit."""
+tensor 2 mesh across them), from the sort-6 fixture, with a supervised warm-up of the adapters and
+adapter dropout: it trains as one process does, and a run stopped and resumed on the group equals
+an uninterrupted one, bit for bit."""
 import json
 import os
 import subprocess
@@ -18,11 +19,12 @@ from tests.e2e.lora_run_test import _deterministic, _last_state, fixture_dir  # 
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COMPARED = ("loss", "pg_loss", "grad_norm", "clip_frac", "reward/mean", "eval/exact_match")
+COMPARED = ("loss", "pg_loss", "grad_norm", "clip_frac", "reward/mean", "eval/exact_match", "sft/loss")
 
 
 def _args(model_path, run_dir, *extra):
-    return [f"model.path={model_path}", "learner.sft.steps=0", "learner.lora.rank=4", "learner.lora.alpha=8",
+    return [f"model.path={model_path}", "learner.sft.steps=3", "learner.lora.rank=4", "learner.lora.alpha=8",
+            "learner.lora.dropout=0.1",
             "learner.optimizer.lr=3e-3", "learner.batch_size=32", "learner.microbatch_size=16",
             "actors.max_staleness=0", "task.heldout_size=16", "run.eval_every=2", "run.progress=false",
             "checkpoint.every_steps=0", "task.seed=0", "actors.seed=0", "learner.seed=0", f"run.dir={run_dir}",

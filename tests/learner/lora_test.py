@@ -267,11 +267,80 @@ def test_lora_config_errors_name_the_key(kw, match):
         dataclasses.replace(LearnerConfig(sft=SFTConfig(steps=0)), lora=LoraConfig(**kw)).validate()
 
 
-def test_lora_refuses_what_it_does_not_train():
-    with pytest.raises(ValueError, match="sft.steps: the supervised warm-up trains every weight"):
-        LearnerConfig(lora=LoraConfig(rank=4)).validate()
-    with pytest.raises(ValueError, match="lora.rank: LoRA is built for algorithm=grpo only"):
-        LearnerConfig(algorithm="ppo", sft=SFTConfig(steps=0), lora=LoraConfig(rank=4)).validate()
+def test_the_supervised_warm_up_trains_the_adapters_alone():
+    from cadence.learner.steps.scoring import llama_logits
+    from cadence.learner.steps.sft_step import SFTStep, build_sft_batch
+
+    lc = LoraConfig(rank=4, alpha=8.0)
+    LearnerConfig(lora=lc).validate()  # sft.steps > 0 with LoRA: allowed
+    _, base = llama.init_params(TINY, 0)
+    base_copy = jax.tree.map(lambda x: np.array(x), base)
+    lgraphdef, adapters = lora.init_adapters(TINY, lc, seed=0)
+    sft = SFTStep(llama_logits(lgraphdef), SFTConfig(steps=5, lr=3e-2), lora=lc)
+    params = lora.join(base, adapters)
+    opt_state = sft.init(params)
+    moments = [x for x in jax.tree.leaves(opt_state) if getattr(x, "ndim", 0) > 0]
+    assert sum(x.size for x in moments) == 2 * sum(x.size for x in jax.tree.leaves(adapters))
+    rng = np.random.default_rng(0)
+    prompts = [[1, *map(int, rng.integers(2, 40, 3))] for _ in range(4)]
+    batch = build_sft_batch(prompts, [list(reversed(p[1:])) for p in prompts], T, 0)
+    losses = []
+    for _ in range(5):
+        params, opt_state, m = sft.update(params, opt_state, batch)
+        losses.append(m["loss"])
+    assert losses[-1] < losses[0]
+    trained, kept = lora.split(params)
+    assert _bitwise_equal(kept, base_copy)  # the base: every bit as it was
+    assert np.abs(np.asarray(trained["layers"][0]["mlp"]["up_proj"]["lora"]["lora_b"][...])).max() > 0
+    # the RL step starts from the warmed-up adapters on the same base
+    step = make_train_step(lgraphdef, _learner_cfg(lc))
+    state = step.init(params)
+    assert _bitwise_equal(state.params, trained) and _bitwise_equal(step.frozen, base_copy)
+
+
+@pytest.mark.parametrize("critic, dropout", [("value_head", 0.0), ("separate", 0.0), ("separate", 0.2)])
+def test_ppo_trains_the_policy_adapters_the_value_head_and_a_critic_of_adapters(critic, dropout):
+    from cadence.learner.config import PPOConfig
+
+    lc = LoraConfig(rank=4, alpha=8.0, dropout=dropout)
+    cfg = dataclasses.replace(_learner_cfg(lc), algorithm="ppo",
+                              ppo=dataclasses.replace(PPOConfig(), critic=critic, kl_coef=0.1))
+    cfg.validate()  # PPO with LoRA: allowed
+    _, base = llama.init_params(TINY, 0)
+    base_copy = jax.tree.map(lambda x: np.array(x), base)
+    lgraphdef, adapters = lora.init_adapters(TINY, lc, seed=0)
+    adapters = jax.tree.map(lambda x: x + 0.01, adapters)  # B != 0: the reference is not the base
+    step = make_train_step(lgraphdef, cfg)
+    state = step.init(lora.join(base, adapters))
+    ref0 = jax.tree.map(np.array, state.ref_params)
+    for i in range(2):
+        mbs, stats = build_microbatches(_groups(i), T, 8, 0, cfg.grpo)
+        state, metrics = step.update(state, mbs, stats["num_tokens"])
+    # what trains: the policy's adapters, the value head, a separate critic's own adapters; never the base
+    assert _leaves(state.params).keys() == _leaves(adapters).keys()
+    assert not _bitwise_equal(state.params, adapters)
+    assert np.abs(np.asarray(state.critic_params["head"]["w"])).max() > 0
+    if critic == "separate":
+        trunk = state.critic_params["trunk"]
+        assert _leaves(trunk).keys() == _leaves(adapters).keys() and not _bitwise_equal(trunk, adapters)
+        assert not _bitwise_equal(trunk, state.params)
+    else:
+        assert set(state.critic_params) == {"head"}
+    assert _bitwise_equal(step.frozen, base_copy)
+    assert _bitwise_equal(state.ref_params, ref0) and _bitwise_equal(ref0, adapters)  # the reference: frozen
+    moments = [x for x in jax.tree.leaves(state.opt_state) if getattr(x, "ndim", 0) > 0]
+    assert sum(x.size for x in moments) == 2 * sum(x.size for x in jax.tree.leaves(adapters))
+    assert metrics["kl_ref"] != 0 and np.isfinite(metrics["value_loss"])
+    merged = step.policy_params(state.params)  # what actors get
+    assert _leaves(merged).keys() == _leaves(base).keys()
+    if dropout:  # the masks reach the loss's forward: another loss than without them
+        nodrop = make_train_step(lgraphdef, dataclasses.replace(cfg, lora=dataclasses.replace(lc, dropout=0.0)))
+        s0 = nodrop.init(lora.join(base, adapters))
+        mbs, stats = build_microbatches(_groups(0), T, 8, 0, cfg.grpo)
+        fresh = step.init(lora.join(base, adapters))
+        _, m1 = step.update(fresh, mbs, stats["num_tokens"])
+        _, m0 = nodrop.update(s0, mbs, stats["num_tokens"])
+        assert m1["loss"] != m0["loss"] and m1["advantage_mean"] == m0["advantage_mean"]  # start-of-step: no masks
 
 
 def test_peft_loads_the_adapter_directory_and_matches_cadence(tmp_path):
