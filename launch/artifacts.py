@@ -76,9 +76,10 @@ def load_params(run_dir: str, template):
         return ckpt.restore(path, template)
 
 
-def params_digest(params) -> str:
+def params_digest(params, fetch=None) -> str:
     """SHA-256 over every param array's dtype, shape and bytes, in tree-path order: equal digests
-    mean bitwise-equal params, however they were sharded."""
+    mean bitwise-equal params, however they were sharded. fetch(leaves) -> the leaves whole here:
+    for params split over several processes (each joins, in the same order), one leaf at a time."""
     import hashlib
 
     import jax
@@ -87,7 +88,7 @@ def params_digest(params) -> str:
     h = hashlib.sha256()
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     for path, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
-        a = np.asarray(leaf)
+        a = np.asarray(leaf if fetch is None else fetch([leaf])[0])
         h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()

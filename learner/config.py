@@ -202,7 +202,9 @@ class LoraConfig:
     alpha: float = 16.0  # scale numerator: the update is alpha / rank * x A B (PEFT's lora_alpha)
     # Which projections get adapters: any of q, k, v, o (attention), gate, up, down (MLP).
     targets: tuple[str, ...] = LORA_TARGETS
-    # Dropout on the adapters' input; only 0 is built (the jitted step takes no random key).
+    # Dropout on the adapters' input in the train step's gradient pass (PEFT's lora_dropout), masks
+    # keyed by learner.seed and the update's step (exact resume); off wherever the policy is sampled,
+    # evaluated or its proximal log-probs recomputed. 0 = off.
     dropout: float = 0.0
 
     def validate(self) -> None:
@@ -218,9 +220,8 @@ class LoraConfig:
                 raise ValueError(f"targets: unknown projection {name!r}; choose from {', '.join(LORA_TARGETS)}")
         if len(set(self.targets)) != len(self.targets):
             raise ValueError(f"targets: lists a projection twice: {list(self.targets)}")
-        if self.dropout != 0.0:
-            raise ValueError(f"dropout: only 0 is supported (the train step is pure, without a "
-                             f"dropout key), got {self.dropout}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout: must be in [0, 1), got {self.dropout}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,16 +365,6 @@ class LearnerConfig:
         if self.processes > 1 and (self.distributed.coordinator or self.distributed.auto_detect):
             raise ValueError("processes: starts a local group; leave it at 1 when learner.distributed "
                              "describes the group (one process per host)")
-        if self.lora.rank > 0:
-            if self.algorithm != "grpo":
-                raise ValueError("lora.rank: LoRA is built for algorithm=grpo only (PPO's critic and "
-                                 "reference policy are full models); set lora.rank=0")
-            if self.sft.steps > 0:
-                raise ValueError("sft.steps: the supervised warm-up trains every weight; set it to 0 for "
-                                 "a LoRA run (lora.rank > 0), which starts from a trained base")
-            if self.processes > 1 or self.distributed.coordinator or self.distributed.auto_detect:
-                raise ValueError("lora.rank: LoRA runs in one learner process (learner.processes=1, "
-                                 "no learner.distributed group)")
         for key in ("optimizer", "grpo", "ppo", "sft", "mesh", "distributed", "lora"):
             try:
                 getattr(self, key).validate()

@@ -30,13 +30,14 @@ from cadence.launch.config_loader import ConfigError, to_dict
 from cadence.launch.config import Config, preflight, seq_len as config_seq_len
 from cadence.launch.cluster.learner_group import LearnerProcesses  # [sharded learner]
 from cadence.launch.run.lifecycle import Lifecycle
+from cadence.launch.run.lora_policy import LoraPolicy, LoraWeights, save_merged
 from cadence.launch.metrics import Progress
 from cadence.launch.run.pipeline import Pipeline, start_actor_processes
 from cadence.actors.sglang.build import sglang_engine
 from cadence.learner.models.policy import build_policy, export_policy
 from cadence.launch.observe.sinks import open_sinks
 from cadence.launch.run.recorder import Recorder, arrays_of
-from cadence.learner import packing, row_plan
+from cadence.learner import packing, row_plan, sharding
 from cadence.learner.checkpoint import Checkpointer
 from cadence.learner.controller import Generation, make_controller
 from cadence.learner.dynamic_sampling import make_group_filter
@@ -135,6 +136,7 @@ class _Learner:
     # state.params -> the policy's plain-model params (LoRA: base + adapters merged; else itself)
     policy_params: object = None
     lora_base: dict | None = None  # LoRA: the frozen base's path and sha256 (checkpoint meta)
+    lora: LoraPolicy | None = None  # LoRA: the whole base on process 0, and how adapters join it
 
 
 def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: str, resuming: bool,
@@ -157,11 +159,14 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
                                  completion_budget=cfg.engine.max_new_tokens, temperature=cfg.engine.temperature)
     checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     # [sharded learner] processes 1..N-1 run process 0's collective calls; process 0 goes on, leading
-    logits_fn = llama_logits(policy.graphdef, cfg.learner.remat)
-    sft_step = SFTStep(logits_fn, learner_cfg.sft, procs.layout, logits_chunk=cfg.learner.logits_chunk)
-    if not procs.group.is_leader:
-        return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params)
-    train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)
+    logits_fn = llama_logits(graphdef, cfg.learner.remat)  # LoRA: the warm-up trains the adapters alone
+    sft_step = SFTStep(logits_fn, learner_cfg.sft, procs.layout, logits_chunk=cfg.learner.logits_chunk,
+                       lora=learner_cfg.lora)
+    # LoRA: the final params are merged on the mesh by every process, then written
+    save_params = save_merged(train_step, artifacts.save_params) if lora_base else artifacts.save_params
+    if not procs.group.is_leader:  # params0: the group's first params generation (LoRA: base + adapters)
+        return procs.follow(params0, train_step, checkpointer, arrays_of, sft_step, save_params)
+    train_step, checkpointer, sft_step = procs.lead(params0, train_step, checkpointer, sft_step)
     for note in plan_notes:  # a mesh the configured rows do not split over: re-planned, not refused
         progress.message(f"re-planned for data x fsdp = {rows} row devices: {note}")
     if resuming:  # LoRA or not, same base: checked before orbax restores into the template
@@ -176,11 +181,7 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id, policy.tokenizer.pad_id)
     scorer = make_scorer(cfg.task, task, policy.tokenizer)  # rewards: worker pool, HTTP server or inline
     envs = EnvRunner.from_config(cfg.task) if is_multi_turn(task) else None  # the run's env limits
-    evaluate_params = procs.on_whole(functools.partial(evaluate, engine, task, prompts=task.heldout(),
-                                                       scorer=scorer, envs=envs))  # [sharded learner]
-    policy_params = train_step.policy_params if lora_base else (lambda params: params)
-    if lora_base:  # evaluation (and actors, exports) see base + adapters merged
-        evaluate_params = _after(policy_params, evaluate_params)
+    evaluate_whole = functools.partial(evaluate, engine, task, prompts=task.heldout(), scorer=scorer, envs=envs)
     sft_metrics = {}
     if begin.restored:
         state = template._replace(**begin.arrays, step=begin.step0)
@@ -194,26 +195,20 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
                                                 policy.tokenizer.pad_id, progress, sft_step)  # [sharded learner]
         begin.ledger.warmup(begin.stream.position)
         state = train_step.init(params)
+    lora_policy = None
+    if lora_base:  # evaluation, actors and exports see base + adapters merged, whole on process 0
+        lora_policy = LoraPolicy(procs, cfg.learner.lora, train_step.frozen)  # while params0 is alive
+        policy_params, evaluate_params = lora_policy, _after(lora_policy, evaluate_whole)
+    else:
+        policy_params, evaluate_params = (lambda params: params), procs.on_whole(evaluate_whole)  # [sharded learner]
     if wrap_train_step is not None:
         train_step = wrap_train_step(train_step)
     return _Learner(policy, task, train_step, checkpointer, begin, state, engine, scorer, evaluate_params,
-                    sft_metrics, L, learner_cfg, plan_notes, policy_params, lora_base)
+                    sft_metrics, L, learner_cfg, plan_notes, policy_params, lora_base, lora_policy)
 
 
 def _after(first, then):
     return lambda params: then(first(params))
-
-
-class _LoraWeights:
-    """Where a LoRA run's loop publishes its adapters: actor threads get them merged into the
-    base (`merged`), actor processes the adapters alone (megabytes, not the model), which they
-    merge into the base they loaded themselves (launch/cluster/actor_process.py)."""
-
-    def __init__(self, pipe: Pipeline, merged):
-        self.pipe, self.merged = pipe, merged
-
-    def publish(self, adapters, version: int) -> None:
-        self.pipe.publish(self.merged(adapters), version, remote=adapters)
 
 
 def _lora_model(cfg: Config, policy, procs: LearnerProcesses):
@@ -224,7 +219,9 @@ def _lora_model(cfg: Config, policy, procs: LearnerProcesses):
     if not lora_cfg.rank:
         return policy.graphdef, policy.params, None
     graphdef, adapters = lora.init_adapters(policy.model_cfg, lora_cfg, cfg.learner.seed)
-    base = {"path": policy.model_cfg.path, "sha256": artifacts.params_digest(policy.params),
+    # a group's processes each hold shards of the base: they hash it a gathered leaf at a time, together
+    fetch = (lambda leaves: sharding.gather(leaves, procs.layout)) if procs.group.distributed else None
+    base = {"path": policy.model_cfg.path, "sha256": artifacts.params_digest(policy.params, fetch),
             "rank": lora_cfg.rank, "alpha": lora_cfg.alpha, "targets": list(lora_cfg.targets)}
     return graphdef, lora.join(policy.params, adapters), base
 
@@ -260,13 +257,16 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
                                  procs.fetch) if threads_drive_sglang else learner.engine
     # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
     publish = procs.publisher(whole=not threads_drive_sglang)
-    lora_run = learner.lora_base is not None
-    if lora_run:  # actor threads get base + adapters merged (every engine and weight sync as before)
-        publish = _after(learner.policy_params, publish)
+    lora_run = learner.lora is not None
+    if lora_run:  # actor threads get base + adapters merged, whole (every engine and weight sync as before)
+        remote = learner.lora.whole_adapters(state.params)  # actor processes: the adapters alone
+        first = learner.lora.merged(remote)
+    else:
+        remote, first = None, publish(state.params)
     pipe = Pipeline(cfg, run_dir, learner.task, begin.stream, begin.ledger, course.batch_size,
-                    InProcessWeights(publish(state.params), begin.step0),
+                    InProcessWeights(first, begin.step0),
                     actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), learner.scorer,
-                    supervisor=early, remote_params=state.params if lora_run else None)
+                    supervisor=early, remote_params=remote)
     if course.concurrency is not None and course.concurrency != cfg.actors.prompts_per_call:
         pipe.set_concurrency(course.concurrency)  # a resumed run: where the controller had moved it
     clock = begin.clock
@@ -280,7 +280,7 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
             ("reward", record0["eval/reward"])
         progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
     # LoRA: actor processes fetch the adapters alone and merge them into their own base
-    weights = _LoraWeights(pipe, publish) if lora_run else pipe
+    weights = LoraWeights(pipe, learner.lora) if lora_run else pipe
     loop = LearnerLoop(learner.train_step, pipe.queue, pipe.gate, weights,
                        LoopSettings(G, learner.learner_cfg.microbatch_size, learner.seq_len,
                                     policy.tokenizer.pad_id, cfg.learner.grpo, learner.learner_cfg.microbatch_tokens),
@@ -426,13 +426,18 @@ def _finish(cfg: Config, run_dir: str, learner: _Learner, state, preempted: bool
     summary["wall_time"] = begin.clock()
     summary["checkpoint_blocked_seconds"] = learner.checkpointer.blocked_seconds
     if not preempted:
-        params = learner.policy_params(state.params)  # LoRA: merged; else the state's own
-        procs.save_params(run_dir, params, artifacts.save_params)  # [sharded learner] every process
+        if learner.lora is None:
+            params = state.params
+            procs.save_params(run_dir, params, artifacts.save_params)  # [sharded learner] every process
+        else:  # every process merges its shards of base + adapters and writes them; exports: whole here
+            procs.save_params(run_dir, state.params, save_merged(learner.train_step, artifacts.save_params))
+            adapters = learner.lora.whole_adapters(state.params)
+            params = learner.lora.merged(adapters)
         if cfg.model.path:  # a checkpoint came in: ship the trained weights in the same format
             summary["hf_export"] = os.path.join(run_dir, "hf")
             export_policy(learner.policy, params, summary["hf_export"], fetch=procs.fetch)  # a shard at a time
-        if learner.lora_base:  # and the adapters alone, as PEFT loads them
-            summary["peft_adapter"] = lora.write_peft_adapter(state.params, cfg.learner.lora,
+        if learner.lora is not None:  # and the adapters alone, as PEFT loads them
+            summary["peft_adapter"] = lora.write_peft_adapter(adapters, cfg.learner.lora,
                                                               os.path.join(run_dir, "peft"), cfg.model.path)
         del params
         summary["final_eval"] = summary.get("last_eval") or learner.evaluate_params(state.params)

@@ -17,9 +17,16 @@ of the LoRA params is exactly the plain model's params, so a checkpoint loads un
 
 ``merged`` is what actors, evaluation and the Hugging Face export get (every engine and weight sync
 works unchanged); ``peft_tensors`` / ``write_peft_adapter`` write the adapters as a PEFT directory.
+
+Dropout (learner.lora.dropout > 0) acts on the adapters' input, as PEFT's ``lora_dropout`` does
+(``lora_B(lora_A(dropout(x)))``, the base path undropped), and only while a train step traces its
+gradient pass inside ``adapter_dropout(key, rate)``; everywhere else (sampling, evaluation, the
+decoupled correction's proximal log-probs, exports) the adapters run whole, as PEFT's do in eval().
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 
@@ -51,7 +58,48 @@ class ScaledLoRALinear(nnx.LoRALinear):
 
     def __call__(self, x: jax.Array, out_sharding=None) -> jax.Array:
         y = nnx.Linear.__call__(self, x, out_sharding=out_sharding)
-        return y + self.lora(x) * self.lora_scale
+        dropout = _DROPOUT.get()
+        return y + self.lora(x if dropout is None else dropout(x)) * self.lora_scale
+
+
+class _Dropout:
+    """Inverted dropout for one traced forward: the n-th adapter reached draws its mask from
+    fold_in(key, n) (the layers run in a fixed order, so a key names every mask of the pass)."""
+
+    def __init__(self, key: jax.Array, rate: float):
+        self.key, self.rate, self.count = key, float(rate), 0
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        keep = jax.random.bernoulli(jax.random.fold_in(self.key, self.count), 1.0 - self.rate, x.shape)
+        self.count += 1
+        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+_DROPOUT: contextvars.ContextVar[_Dropout | None] = contextvars.ContextVar("lora_dropout", default=None)
+
+
+@contextlib.contextmanager
+def adapter_dropout(key: jax.Array | None, rate: float):
+    """While active (a train step tracing its loss), every adapter's input passes through inverted
+    dropout at `rate` (masks from `key`, a typed PRNG key); a no-op for key None or rate 0."""
+    if key is None or not rate > 0:
+        yield
+        return
+    token = _DROPOUT.set(_Dropout(key, rate))
+    try:
+        yield
+    finally:
+        _DROPOUT.reset(token)
+
+
+def dropout_key(seed: int, step, minibatch, microbatch) -> jax.Array:
+    """The key of one microbatch's dropout masks (traceable): learner.seed, then the update's step
+    (the policy version a checkpoint restores), its minibatch and the microbatch: a resumed run
+    draws the masks an uninterrupted one drew, on any number of processes."""
+    key = jax.random.fold_in(jax.random.key(seed), 0x6C6F7261)  # apart from init_adapters' keys
+    for value in (step, minibatch, microbatch):
+        key = jax.random.fold_in(key, value)
+    return key
 
 
 def split(params: nnx.State) -> tuple[nnx.State, nnx.State]:
@@ -63,6 +111,13 @@ def split(params: nnx.State) -> tuple[nnx.State, nnx.State]:
 def join(base: nnx.State, adapters: nnx.State) -> nnx.State:
     """The inverse of ``split``: the params the LoRA graphdef merges with."""
     return nnx.merge_state(base, adapters)
+
+
+def on_mesh(layout, adapters: nnx.State, shardings) -> nnx.State:
+    """The adapters placed by `shardings` on the layout's mesh: fresh ones (the same values on every
+    process) are put there; those already there (a warm-up's, a restore's) are kept as they are."""
+    return jax.tree.map(lambda x, s: x if getattr(x, "sharding", None) == s else layout.place(x, s),
+                        adapters, shardings)
 
 
 def lora_graphdef(model_cfg: ModelConfig, lora_cfg) -> tuple[nnx.GraphDef, nnx.State]:

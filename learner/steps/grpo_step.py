@@ -27,6 +27,13 @@ so gradients, Adam's moments, clipping and the controller's rescales see nothing
 base, taken by `init`, goes into every jitted function as one more argument (`frozen`) and is
 joined with the adapters inside the loss. `policy_params(state.params)` is the policy actors get:
 base + alpha / r * A B merged. Rank 0 traces exactly the programs it always did (frozen is None).
+With learner.lora.dropout > 0 one more argument follows (`noise`: int32 [step, minibatch,
+microbatch]) and the loss's forward drops adapter inputs with masks keyed by it and learner.seed
+(lora.dropout_key). As PEFT (dropout only in train()) and TRL (the loss's forward in train mode)
+do, only the gradient pass drops: the behaviour log-probs come from actors sampling the whole
+policy, and the decoupled correction's proximal log-probs are recomputed without dropout, so the
+trust region is centred on the policy actors run, not on one random mask of it (the importance
+ratio then carries the mask's noise, which its clip bounds, as in TRL without disable_dropout).
 """
 
 from __future__ import annotations
@@ -134,6 +141,7 @@ class GRPOTrainStep:
         # LoRA: the frozen base params (set by init) and the jitted merge that publishes base + adapters
         self.lora = cfg.lora if cfg.lora.rank > 0 else None
         self._base = None
+        self.dropout = self.lora.dropout if self.lora is not None else 0.0  # > 0: jitted calls take `noise`
         self._merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=self.lora)) if self.lora else None
         score = functools.partial(score_tokens, logits_fn, chunk=cfg.logits_chunk,
                                   temperature=self.temperature)
@@ -179,17 +187,20 @@ class GRPOTrainStep:
     # ---- pure functions (traced) ----
 
     def loss_fn(self, params, mb: Microbatch, num_tokens, num_sequences=None,
-                proximal_logprobs=None, frozen=None) -> tuple[jax.Array, dict]:
+                proximal_logprobs=None, frozen=None, noise=None) -> tuple[jax.Array, dict]:
         """GRPO loss of one microbatch normalized by the global token (and sequence) counts;
         (loss, metrics). num_sequences defaults to the microbatch's own rows with tokens;
         proximal_logprobs [M, T] to the current policy's (stop-gradient) log-probs; frozen: a
-        LoRA run's base params (params are then its adapters)."""
+        LoRA run's base params (params are then its adapters); noise: int32 [step, minibatch,
+        microbatch] keying adapter dropout (learner.lora.dropout > 0)."""
         if frozen is not None:
             params = lora.join(frozen, params)
         grpo = self.cfg.grpo
+        key = None if noise is None else lora.dropout_key(self.cfg.seed, *noise)
         # The bonus needs the exact entropy and its gradient; without it no softmax over the
         # vocabulary is taken and the metric is the sampled estimate (entropy_sampled).
-        scores = self._score(params, mb.tokens, mb.positions, mb.mask, entropy=grpo.entropy_coef > 0)
+        with lora.adapter_dropout(key, self.dropout):
+            scores = self._score(params, mb.tokens, mb.positions, mb.mask, entropy=grpo.entropy_coef > 0)
         logprobs, entropy = scores.logprobs, scores.entropy  # [M, T]
         return grpo_token_loss(
             logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
@@ -203,10 +214,11 @@ class GRPOTrainStep:
             params = lora.join(frozen, params)
         return self._score(params, mb.tokens, mb.positions, mb.mask).logprobs  # [M, T]
 
-    def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None, frozen=None):
+    def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None, frozen=None,
+                         noise=None):
         mb = unpack_microbatch(packed, segments=self.packed)  # [M, 5T + 1] (packed: 6T) -> Microbatch
         (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
-            params, mb, num_tokens, num_sequences, proximal, frozen
+            params, mb, num_tokens, num_sequences, proximal, frozen, noise
         )
         grads = jax.tree.map(jnp.add, grads, mb_grads)
         # One small vector per microbatch: the metrics (additive) and this microbatch's grad-norm^2,
@@ -222,8 +234,9 @@ class GRPOTrainStep:
         return optax.apply_updates(params, updates), opt_state, grad_norm
 
     def _accumulate_apply_impl(self, params, opt_state, grads, packed, num_tokens, num_sequences,
-                               proximal=None, frozen=None):
-        grads, stats = self._accumulate_impl(params, grads, packed, num_tokens, num_sequences, proximal, frozen)
+                               proximal=None, frozen=None, noise=None):
+        grads, stats = self._accumulate_impl(params, grads, packed, num_tokens, num_sequences, proximal, frozen,
+                                             noise)
         return (*self._apply_impl(params, opt_state, grads), stats)
 
     # ---- host API ----
@@ -237,7 +250,7 @@ class GRPOTrainStep:
         if self.lora is not None:
             params, self._base = lora.split(params)
             if self.layout is not None:  # the adapters' own shardings: their jits are built now
-                params = self.layout.place(params, self._jit_lora_on_mesh(params))
+                params = lora.on_mesh(self.layout, params, self._jit_lora_on_mesh(params))
         if self.cfg.master_weights:
             params = master_copy(params)
         return LearnerState(params=params, opt_state=self._init_opt(params), step=0)
@@ -256,14 +269,15 @@ class GRPOTrainStep:
         self._init_opt = jax.jit(functools.partial(sharding.init_opt_state, self.optimizer),
                                  in_shardings=(p,), out_shardings=o)
         self._proximal = jax.jit(self._proximal_impl, in_shardings=(p, b, pb), out_shardings=b)
-        # (proximal, frozen) always come last, proximal None or [M, T] rows
+        # (proximal, frozen[, noise]) always come last, proximal None or [M, T] rows
+        tail = (b, pb, r) if self.dropout else (b, pb)
         self._accumulate = self._accumulate_proximal = jax.jit(
-            self._accumulate_impl, donate_argnums=(1,), in_shardings=(p, p, b, r, r, b, pb), out_shardings=(p, r))
+            self._accumulate_impl, donate_argnums=(1,), in_shardings=(p, p, b, r, r, *tail), out_shardings=(p, r))
         self._apply = jax.jit(self._apply_impl, donate_argnums=donate_apply,
                               in_shardings=(p, o, p), out_shardings=(p, o, r))
         self._accumulate_apply = self._accumulate_apply_proximal = jax.jit(
             self._accumulate_apply_impl, donate_argnums=donate_apply,
-            in_shardings=(p, o, p, b, r, r, b, pb), out_shardings=(p, o, r, r))
+            in_shardings=(p, o, p, b, r, r, *tail), out_shardings=(p, o, r, r))
         self._merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=self.lora),
                               in_shardings=(pb, p), out_shardings=pb)
         return p
@@ -280,9 +294,18 @@ class GRPOTrainStep:
         """A LoRA run's base params (None otherwise, or before init)."""
         return self._base
 
-    def _lora_args(self, proximal=None) -> tuple:
-        """The trailing (proximal, frozen) arguments a LoRA run's jitted calls get; () otherwise."""
-        return () if self.lora is None else (proximal, self._base)
+    def _lora_args(self, proximal=None, noise=None) -> tuple:
+        """The trailing (proximal, frozen[, noise]) arguments a LoRA run's jitted calls get; ()
+        otherwise. noise: (step, minibatch, microbatch) of a dropout run's gradient pass, or None."""
+        if self.lora is None:
+            return ()
+        if not self.dropout:
+            return proximal, self._base
+        return proximal, self._base, None if noise is None else self._int_vector(noise)
+
+    def _int_vector(self, values) -> jax.Array:
+        host = np.asarray(values, np.int32)
+        return jnp.asarray(host) if self.layout is None else jax.device_put(host, self.layout.replicated)
 
     def accumulate_gradients(
         self, params, microbatches: Sequence[Microbatch], num_tokens: int, proximal=None, packed=None,
@@ -303,7 +326,7 @@ class GRPOTrainStep:
         if not microbatches:
             raise ValueError("accumulate_gradients: no microbatches")
         packed, n, s = self._prepare(params, microbatches, num_tokens, packed)
-        return self._accumulate_all(params, packed, n, s, proximal)
+        return self._accumulate_all(params, packed, n, s, proximal)  # no dropout: no update's key
 
     def _prepare(self, params, microbatches, num_tokens, packed, whole: WholeBatch | None = None):
         if self._metric_keys is None:  # trace once abstractly (no compile) for the metric names
@@ -317,13 +340,13 @@ class GRPOTrainStep:
         s = self._scalar(max(sequences, 1))
         return packed, n, s
 
-    def _accumulate_all(self, params, packed, n, s, proximal):
+    def _accumulate_all(self, params, packed, n, s, proximal, noise=None):
         grads = self._zeros(params)
         per_mb = []
         for i, mb in enumerate(packed):
             if self.lora is not None:
-                grads, stats = self._accumulate(params, grads, mb, n, s,
-                                                *self._lora_args(None if proximal is None else proximal[i]))
+                grads, stats = self._accumulate(params, grads, mb, n, s, *self._lora_args(
+                    None if proximal is None else proximal[i], None if noise is None else (*noise, i)))
             elif proximal is None:
                 grads, stats = self._accumulate(params, grads, mb, n, s)
             else:
@@ -386,20 +409,20 @@ class GRPOTrainStep:
         """
         chunks = [list(c) for c in np.array_split(np.arange(len(microbatches)), self.cfg.minibatches) if len(c)]
         if len(chunks) == 1:
-            state, metrics = self._update_minibatch(state, microbatches, num_tokens, whole=whole)
+            state, metrics = self._update_minibatch(state, microbatches, num_tokens, whole=whole, minibatch=0)
             return state._replace(step=state.step + 1), {**metrics, "step": state.step + 1}
         packed = self.pack(microbatches, whole)  # once: the proximal pass and the updates share it
         proximal = None
         if self.cfg.grpo.correction == "decoupled":  # the trust region is around the batch's start
             proximal = self.proximal_logprobs(state.params, microbatches, packed)
         per_update = []
-        for chunk in chunks:
+        for k, chunk in enumerate(chunks):
             mbs = [microbatches[i] for i in chunk]
             part = None if whole is None else whole.part(chunk)
             tokens = int(sum(np.asarray(mb.loss_mask).sum() for mb in mbs) if part is None else sum(part.loss_tokens))
             state, m = self._update_minibatch(state, mbs, tokens,
                                               None if proximal is None else [proximal[i] for i in chunk],
-                                              [packed[i] for i in chunk], part)
+                                              [packed[i] for i in chunk], part, minibatch=k)
             per_update.append(m)
         metrics = {k: (float(np.mean([m[k] for m in per_update])) if isinstance(v, float) else v)
                    for k, v in per_update[-1].items()}
@@ -412,20 +435,21 @@ class GRPOTrainStep:
         return state._replace(step=state.step + 1), metrics
 
     def _update_minibatch(self, state: LearnerState, microbatches, num_tokens: int, proximal=None,
-                          packed=None, whole: WholeBatch | None = None):
+                          packed=None, whole: WholeBatch | None = None, minibatch: int = 0):
         """One optimizer step on the given microbatches; (state with step unchanged, metrics)."""
         params = state.params
         if not microbatches:
             raise ValueError("update: no microbatches")
         packed, n, s = self._prepare(params, microbatches, num_tokens, packed, whole)
+        noise = (int(state.step), minibatch) if self.dropout else None  # the update's dropout masks
         if len(packed) > 1:
-            grads, per_mb = self._accumulate_all(params, packed, n, s, proximal)
+            grads, per_mb = self._accumulate_all(params, packed, n, s, proximal, noise)
             new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
         else:
             fused, extra = ((self._accumulate_apply, ()) if proximal is None
                             else (self._accumulate_apply_proximal, (proximal[0],)))
             if self.lora is not None:
-                extra = self._lora_args(None if proximal is None else proximal[0])
+                extra = self._lora_args(None if proximal is None else proximal[0], noise and (*noise, 0))
             new_params, opt_state, grad_norm, stats = fused(
                 params, state.opt_state, self._zeros(params), packed[0], n, s, *extra)
             per_mb = [stats]

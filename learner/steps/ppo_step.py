@@ -16,6 +16,20 @@ The state's `params` stay the plain policy params, so publishing them to the eng
 With a layout (learner/sharding.py) the jitted functions get explicit shardings: the policy, a
 separate critic trunk and the reference split like the params, the value head replicated, rows of
 microbatches and of the prepared arrays over data x fsdp.
+
+LoRA (learner.lora.rank > 0): the policy is adapters on a frozen base (learner/models/lora.py), and
+so is everything PPO would otherwise copy whole. What trains:
+  - the policy's adapters (state.params);
+  - the value head (D + 1 floats), fully; with critic=value_head (a shared trunk) the value loss also reaches the trunk,
+    whose only trainable part is the policy's adapters;
+  - critic=separate: its own adapters on the same frozen base (starting as a copy of the policy's,
+    as a full critic trunk starts as a copy of the params), never a full trunk: that copy and its
+    Adam moments are the memory LoRA exists to save.
+The reference policy for the KL penalty is the frozen base with a copy of the adapters init was
+given (the base itself unless a warm-up trained them: what PEFT users get with disable_adapter()).
+The base enters every jitted call as one more argument (`frozen`), as in the GRPO step; with
+learner.lora.dropout > 0 the loss's forward drops adapter inputs (masks keyed by learner.seed, the
+step and the microbatch) and the start-of-step pass (values, advantages, reference) does not.
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ from cadence.learner.algorithms.grpo import finalize_metrics, grpo_token_loss, t
 from cadence.learner.algorithms.logprobs import chunked_token_logprobs
 from cadence.learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from cadence.learner.config import LearnerConfig
+from cadence.learner.models import lora
 from cadence.learner.steps.grpo_step import WholeBatch, _sum_squares, check_temperature, count_sequences, master_copy
 
 
@@ -88,6 +103,11 @@ class PPOTrainStep:
             dataclasses.replace(cfg.optimizer, lr=cfg.ppo.critic_lr))
         self._metric_keys: tuple[str, ...] | None = None
         self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+        self.lora = cfg.lora if cfg.lora.rank > 0 else None
+        self.dropout = self.lora.dropout if self.lora is not None else 0.0
+        self._base = None  # LoRA: the frozen base (set by init)
+        self._adapter_shardings = None  # LoRA on a mesh: the adapters' (set by init)
+        self._merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=self.lora)) if self.lora else None
         if layout is None:
             self._zeros = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree))
             self._prepare = jax.jit(self._prepare_impl)
@@ -96,27 +116,40 @@ class PPOTrainStep:
             self._init_opt = functools.partial(sharding.init_opt_state, self.optimizer)
             self._init_critic_opt = functools.partial(sharding.init_opt_state, self.critic_optimizer)
 
-    def _shard(self, critic_abstract) -> None:
-        """The jitted functions with explicit shardings, once the critic's shape is known."""
+    def _shard(self, critic_abstract, adapters=None) -> None:
+        """The jitted functions with explicit shardings, once the critic's shape is known
+        (LoRA: and the adapters', which then stand for the params: policy, critic trunk, reference)."""
         lay = self.layout
         p, b, r = lay.params, lay.batch, lay.replicated
+        o = lay.opt_state(self.optimizer)
+        frozen = ()
+        if adapters is not None:
+            p = sharding.param_shardings(lay.mesh, lay.rules, adapters)
+            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), adapters)
+            o = lay.opt_state(self.optimizer, p, abstract)
+            frozen = (lay.params, r) if self.dropout else (lay.params,)  # (base[, noise])
+            if "trunk" in critic_abstract:
+                critic_abstract = {**critic_abstract, "trunk": abstract}
         c = {"head": {"w": r, "b": r}}
         if "trunk" in critic_abstract:
             c["trunk"] = p
         ref = p if self.cfg.ppo.kl_coef > 0 else None
-        o = lay.opt_state(self.optimizer)
         oc = lay.opt_state(self.critic_optimizer, c, critic_abstract)
         prepared = (b, b, b, b)
         self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree), in_shardings=(p,), out_shardings=p)
         self._zeros = jax.jit(lambda tree: jax.tree.map(jnp.zeros_like, tree),
                               in_shardings=((p, c),), out_shardings=(p, c))
-        self._prepare = jax.jit(lay.activations(self._prepare_impl), in_shardings=(p, c, ref, b),
+        self._prepare = jax.jit(lay.activations(self._prepare_impl), in_shardings=(p, c, ref, b, *frozen[:1]),
                                 out_shardings=(prepared, r))
         self._accumulate = jax.jit(lay.activations(self._accumulate_impl), donate_argnums=(2,),
-                                   in_shardings=(p, c, (p, c), b, prepared, r),
+                                   in_shardings=(p, c, (p, c), b, prepared, r, *frozen),
                                    out_shardings=((p, c), r))
         self._apply = jax.jit(self._apply_impl, donate_argnums=(4,), in_shardings=(p, o, c, oc, (p, c)),
                               out_shardings=(p, o, c, oc, r, r))
+        if adapters is not None:
+            self._merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=self.lora),
+                                  in_shardings=(lay.params, p), out_shardings=lay.params)
+            self._adapter_shardings = p
         self._init_opt = jax.jit(functools.partial(sharding.init_opt_state, self.optimizer),
                                  in_shardings=(p,), out_shardings=o)
         self._init_critic_opt = jax.jit(functools.partial(sharding.init_opt_state, self.critic_optimizer),
@@ -124,32 +157,41 @@ class PPOTrainStep:
 
     # ---- pure functions (traced) ----
 
-    def _forward(self, params, critic_params, mb: Microbatch):
+    def _forward(self, params, critic_params, mb: Microbatch, frozen=None, noise=None):
         """(logprobs [M, T], entropy [M, T] or None, values [M, T]) of the policy and critic; the
         entropy (a softmax over the vocabulary) only when the loss has an entropy bonus. Both
-        learner.logits_chunk positions at a time when set."""
-        hidden, model = _hidden(self.graphdef, params, mb.tokens, mb.positions, mb.mask, self.cfg.remat)
-        grpo = self.cfg.grpo
-        logprobs, entropy, _ = chunked_token_logprobs(hidden, model.logits, mb.tokens, self.temperature,
-                                                      self.cfg.logits_chunk, entropy=grpo.entropy_coef > 0)
-        if "trunk" in critic_params:
-            hidden, _ = _hidden(self.graphdef, critic_params["trunk"], mb.tokens, mb.positions,
-                                mb.mask, self.cfg.remat)
+        learner.logits_chunk positions at a time when set. frozen: a LoRA run's base (params and
+        a separate critic's trunk are then adapters); noise: int32 [step, 0, microbatch] keying
+        adapter dropout (the loss's forward of a learner.lora.dropout > 0 run)."""
+        trunk = critic_params.get("trunk")
+        if frozen is not None:
+            params = lora.join(frozen, params)
+            trunk = None if trunk is None else lora.join(frozen, trunk)
+        key = None if noise is None else lora.dropout_key(self.cfg.seed, *noise)
+        with lora.adapter_dropout(key, self.dropout):
+            hidden, model = _hidden(self.graphdef, params, mb.tokens, mb.positions, mb.mask, self.cfg.remat)
+            grpo = self.cfg.grpo
+            logprobs, entropy, _ = chunked_token_logprobs(hidden, model.logits, mb.tokens, self.temperature,
+                                                          self.cfg.logits_chunk, entropy=grpo.entropy_coef > 0)
+            if trunk is not None:
+                hidden, _ = _hidden(self.graphdef, trunk, mb.tokens, mb.positions, mb.mask, self.cfg.remat)
         return logprobs, entropy, _values(critic_params["head"], hidden)
 
-    def _ref_logprobs(self, ref_params, mb: Microbatch):
+    def _ref_logprobs(self, ref_params, mb: Microbatch, frozen=None):
         if ref_params is None:
             return jnp.zeros(mb.tokens.shape, jnp.float32)
+        if frozen is not None:
+            ref_params = lora.join(frozen, ref_params)
         hidden, model = _hidden(self.graphdef, ref_params, mb.tokens, mb.positions, mb.mask)
         return chunked_token_logprobs(hidden, model.logits, mb.tokens, self.temperature,
                                       self.cfg.logits_chunk).logprobs
 
-    def _prepare_impl(self, params, critic_params, ref_params, packed):
+    def _prepare_impl(self, params, critic_params, ref_params, packed, frozen=None):
         ppo = self.cfg.ppo
         mb = unpack_microbatch(packed, has_rewards=True)
         mask = mb.loss_mask
-        logprobs, _, values = self._forward(params, critic_params, mb)
-        ref_lp = self._ref_logprobs(ref_params, mb)
+        logprobs, _, values = self._forward(params, critic_params, mb, frozen)
+        ref_lp = self._ref_logprobs(ref_params, mb, frozen)
         kl = ppo_ops.kl_estimate(logprobs, ref_lp, ppo.kl_estimator) * mask  # [M, T]
         shaped = ref_params is not None and ppo.kl_placement == "reward"
         rewards = ppo_ops.token_rewards(mb.rewards, mask, kl if shaped else None, ppo.kl_coef)
@@ -157,16 +199,17 @@ class PPOTrainStep:
         sums = jnp.stack([jnp.sum(adv * mask), jnp.sum(adv * adv * mask), jnp.sum(kl)])  # [3]
         return (adv, returns, values * mask, ref_lp), sums
 
-    def loss_fn(self, params, critic_params, mb: Microbatch, prepared, normalizers):
+    def loss_fn(self, params, critic_params, mb: Microbatch, prepared, normalizers, frozen=None, noise=None):
         """Total loss of one microbatch (policy + value_coef * value [+ KL]); (loss, metrics).
 
         normalizers: [4] float32: global tokens, global sequences, advantage mean and std.
+        frozen, noise: a LoRA run's base and dropout key (see _forward).
         """
         ppo, grpo = self.cfg.ppo, self.cfg.grpo
         num_tokens, num_sequences, adv_mean, adv_std = (normalizers[i] for i in range(4))
         adv, returns, old_values, ref_lp = prepared
         mask = mb.loss_mask
-        logprobs, entropy, values = self._forward(params, critic_params, mb)
+        logprobs, entropy, values = self._forward(params, critic_params, mb, frozen, noise)
         if ppo.whiten_advantages:
             adv = ppo_ops.whiten(adv, mask, adv_mean, adv_std)
         pg_loss, metrics = grpo_token_loss(
@@ -196,10 +239,11 @@ class PPOTrainStep:
         )
         return loss, metrics
 
-    def _accumulate_impl(self, params, critic_params, grads, packed, prepared, normalizers):
+    def _accumulate_impl(self, params, critic_params, grads, packed, prepared, normalizers, frozen=None,
+                         noise=None):
         mb = unpack_microbatch(packed, has_rewards=True)
         (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, argnums=(0, 1), has_aux=True)(
-            params, critic_params, mb, prepared, normalizers)
+            params, critic_params, mb, prepared, normalizers, frozen, noise)
         grads = jax.tree.map(jnp.add, grads, mb_grads)
         stats = jnp.stack([metrics[k].astype(jnp.float32) for k in self._metric_keys]
                           + [_sum_squares(mb_grads[0])])  # [K + 1]
@@ -222,18 +266,24 @@ class PPOTrainStep:
         """A fresh PPO state: zero value head (plus a copy of params as critic trunk if
         "separate"), frozen reference = a copy of params when kl_coef > 0, Adam moments at 0."""
         ppo = self.cfg.ppo
-        if self.cfg.master_weights:
-            params = master_copy(params)
         tokens = jnp.zeros((1, 2), jnp.int32)
         shape = jax.eval_shape(
             lambda p: _hidden(self.graphdef, p, tokens, tokens, tokens > -1)[0], params).shape
+        adapters = None
+        if self.lora is not None:  # LoRA: the state trains adapters; the base stays here, frozen
+            params, self._base = lora.split(params)
+            adapters = params
+        if self.cfg.master_weights:
+            params = master_copy(params)
         head = {"w": np.zeros((shape[-1],), np.float32), "b": np.zeros((), np.float32)}
         if self.layout is not None:
             abstract = {"head": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), head)}
             if ppo.critic == "separate":
                 abstract["trunk"] = self.layout.abstract
-            self._shard(abstract)
+            self._shard(abstract, adapters)
             head = self.layout.place(head, {"w": self.layout.replicated, "b": self.layout.replicated})
+            if adapters is not None:
+                params = lora.on_mesh(self.layout, params, self._adapter_shardings)
         critic = {"head": jax.tree.map(jnp.asarray, head)}
         if ppo.critic == "separate":
             critic["trunk"] = self._copy(params)
@@ -257,9 +307,10 @@ class PPOTrainStep:
             packed = jax.device_put(host)
         else:
             packed = self.layout.put_batch(host) if whole is None else self.layout.put_process_rows(host, whole.rows)
+        frozen = () if self.lora is None else (self._base,)
         prepared, sums = [], []
         for p in packed:
-            out, s = self._prepare(state.params, state.critic_params, state.ref_params, p)
+            out, s = self._prepare(state.params, state.critic_params, state.ref_params, p, *frozen)
             prepared.append(out)
             sums.append(s)
         n_tok = float(max(int(num_tokens), 1))
@@ -273,13 +324,14 @@ class PPOTrainStep:
         if self._metric_keys is None:  # abstract trace (no compile) for the metric names
             mb0 = unpack_microbatch(packed[0], has_rewards=True)
             _, shapes = jax.eval_shape(self.loss_fn, state.params, state.critic_params, mb0,
-                                       prepared[0], normalizers)
+                                       prepared[0], normalizers, *frozen)
             self._metric_keys = tuple(sorted(shapes))
         grads = self._zeros((state.params, state.critic_params))
         per_mb = []
-        for p, prep in zip(packed, prepared):
+        for i, (p, prep) in enumerate(zip(packed, prepared)):
+            noise = (self._int_vector((state.step, 0, i)),) if self.dropout else ()
             grads, stats = self._accumulate(state.params, state.critic_params, grads, p, prep,
-                                            normalizers)
+                                            normalizers, *frozen, *noise)
             per_mb.append(stats)
         info = {"advantage_mean": adv_mean, "advantage_std": adv_std,
                 "kl_ref_start": float(kl_sum / n_tok)}
@@ -324,6 +376,20 @@ class PPOTrainStep:
     def metric_keys(self) -> tuple[str, ...]:
         """Names of the additive loss metrics (known after the first update)."""
         return self._metric_keys or ()
+
+    def _int_vector(self, values) -> jax.Array:
+        host = np.asarray(values, np.int32)
+        return jnp.asarray(host) if self.layout is None else jax.device_put(host, self.layout.replicated)
+
+    def policy_params(self, params):
+        """The policy `params` (a state's) stand for, as the plain model's params: LoRA merges
+        base + alpha / r * A B; otherwise params themselves."""
+        return params if self.lora is None else self._merge(self._base, params)
+
+    @property
+    def frozen(self):
+        """A LoRA run's base params (None otherwise, or before init)."""
+        return self._base
 
     def set_hyperparams(self, state: PPOState, **values: float) -> PPOState:
         """New actor Adam hyperparameters (lr/learning_rate, b1, b2, eps); the critic follows.

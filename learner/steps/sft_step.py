@@ -2,6 +2,12 @@
 
 Uses the same Microbatch layout as RL (loss_mask on the answer; behavior_logprobs and advantages
 unused) so the same model function and padding rules apply.
+
+LoRA (lora: a LoraConfig with rank > 0): params are the LoRA model's (base joined with adapters,
+learner/models/lora.py) and only the adapters train, with Adam moments for them alone; the base
+goes into the jitted update as an argument, bit for bit unchanged, and `update` returns the joined
+params, so the RL step's init takes them as it takes fresh ones. The warm-up runs without adapter
+dropout (its masks would need a key a resume never revisits: the warm-up runs once, before RL).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import optax
 from cadence.learner import sharding
 from cadence.learner.batching import Microbatch, empty_microbatch
 from cadence.learner.config import SFTConfig
+from cadence.learner.models import lora as lora_lib
 from cadence.learner.steps.grpo_step import LogitsFn
 from cadence.learner.steps.scoring import score_tokens
 
@@ -81,10 +88,12 @@ class SFTStep:
     """
 
     def __init__(self, logits_fn: LogitsFn, cfg: SFTConfig, layout: sharding.Layout | None = None,
-                 *, logits_chunk: int = 0):
+                 *, logits_chunk: int = 0, lora=None):
         self.cfg = cfg
         self.optimizer = optax.adam(cfg.lr)
         self.layout = layout
+        self.lora = lora if lora is not None and lora.rank > 0 else None
+        self._base, self._adapter_shardings = None, None  # LoRA: set by init
         score = functools.partial(score_tokens, logits_fn, chunk=logits_chunk, greedy=True)
         if layout is None:
             self._score = score
@@ -108,15 +117,32 @@ class SFTStep:
         accuracy = jnp.sum(scores.greedy * mask) / tokens
         return loss, {"loss": loss, "token_accuracy": accuracy, "tokens": jnp.sum(mask)}
 
-    def _update_impl(self, params, opt_state, batch: Microbatch):
-        (_, metrics), grads = jax.value_and_grad(self.loss_fn, has_aux=True)(params, batch)
+    def _update_impl(self, params, opt_state, batch: Microbatch, frozen=None):
+        loss_fn = self.loss_fn if frozen is None else (lambda p, b: self.loss_fn(lora_lib.join(frozen, p), b))
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
         grads = sharding.fp32_grads(grads)  # float32 moments
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, metrics
 
     def init(self, params) -> Any:
-        """Fresh Adam state (float32 moments) for `params`."""
-        return self._init(params)
+        """Fresh Adam state (float32 moments) for `params` (LoRA: for its adapters alone; the
+        base is kept here, frozen)."""
+        if self.lora is None:
+            return self._init(params)
+        adapters, self._base = lora_lib.split(params)
+        if self.layout is not None:  # the adapters' own shardings (A like its kernel's input axis, B its output)
+            lay = self.layout
+            p = sharding.param_shardings(lay.mesh, lay.rules, adapters)
+            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), adapters)
+            o, r = lay.opt_state(self.optimizer, p, abstract), lay.replicated
+            rows = Microbatch(*([lay.batch] * len(Microbatch._fields)))
+            self._update = jax.jit(self._update_impl, in_shardings=(p, o, rows, lay.params),
+                                   out_shardings=(p, o, r))
+            self._init = jax.jit(functools.partial(sharding.init_opt_state, self.optimizer),
+                                 in_shardings=(p,), out_shardings=o)
+            self._adapter_shardings = p
+            adapters = lora_lib.on_mesh(lay, adapters, p)
+        return self._init(adapters)
 
     def update(self, params, opt_state, batch: Microbatch, rows: int | None = None) -> tuple[Any, Any, dict]:
         """One Adam step; returns (params, opt_state, metrics as host floats: loss (before the
@@ -125,5 +151,12 @@ class SFTStep:
         if self.layout is not None:  # each process places its own rows
             host = [np.asarray(x) for x in batch]
             batch = Microbatch(*(self.layout.put_batch(host) if rows is None else self.layout.put_process_rows(host, rows)))
-        params, opt_state, metrics = self._update(params, opt_state, batch)
+        if self.lora is None:
+            params, opt_state, metrics = self._update(params, opt_state, batch)
+        else:  # the adapters train; the joined params come back with the same base
+            adapters, _ = lora_lib.split(params)
+            if self.layout is not None:
+                adapters = lora_lib.on_mesh(self.layout, adapters, self._adapter_shardings)
+            adapters, opt_state, metrics = self._update(adapters, opt_state, batch, self._base)
+            params = lora_lib.join(self._base, adapters)
         return params, opt_state, {k: float(v) for k, v in jax.device_get(metrics).items()}

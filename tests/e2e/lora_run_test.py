@@ -131,3 +131,26 @@ def test_a_lora_run_learns_sort6_from_the_fixture(tmp_path, fixture_dir):
     evals = [m["eval/exact_match"] for m in read_metrics(run) if "eval/exact_match" in m]
     assert summary["target_reached_at"] is not None, f"held-out exact match stayed at {max(evals):.3f}"
     assert evals[0] < 0.2 and evals[-1] >= 0.5
+
+
+@pytest.mark.slow
+def test_a_ppo_lora_run_after_a_warm_up_resumes_exactly(tmp_path, fixture_dir):
+    """PPO with a separate critic and a KL reference, after a supervised warm-up that trains the
+    adapters alone: what the checkpoint holds is adapters (policy, critic trunk, reference), the
+    value head and their Adam moments, and a resumed run ends where an uninterrupted one does."""
+    extra = ("learner.algorithm=ppo", "learner.ppo.critic=separate", "learner.ppo.kl_coef=0.05",
+             "learner.sft.steps=3", "learner.lora.dropout=0.1", "task.heldout_size=8")
+    straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
+    first = train(_cfg(fixture_dir, straight, "run.steps=2", *extra))
+    assert first["steps"] == 2 and read_metrics(straight)[0]["sft/steps"] == 3
+    train(_cfg(fixture_dir, broken, "run.steps=1", *extra))
+    train(_cfg(fixture_dir, broken, "run.steps=2", *extra), resume="yes")
+    state = _arrays(_last_state(straight))
+    assert sum(x.nbytes for x in state) < 135_488 * 4  # less than one copy of the base
+    for x, y in zip(state, _arrays(_last_state(broken)), strict=True):
+        assert np.array_equal(x, y)
+    def updates(run):  # the stopped run also evaluated at its last step, 1
+        return [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _deterministic(read_metrics(run))]
+
+    assert updates(straight) == updates(broken)
+    assert os.path.isfile(os.path.join(straight, "peft", "adapter_model.safetensors"))

@@ -52,6 +52,77 @@ def test_lora_linear_forward_and_gradients_match_numpy():
     np.testing.assert_allclose(np.asarray(grads["lora"]["lora_b"][...]), s * (x @ A).T @ g, rtol=1e-5, atol=1e-5)
 
 
+def test_adapter_dropout_masks_the_adapter_input_only_and_only_inside_its_context():
+    lc = LoraConfig(rank=2, alpha=3.0, targets=("q",), dropout=0.4)
+    layer = llama._linear(TINY, 6, 4, nnx.Rngs(0), ("embed", "heads"), lora=lc, target="q")
+    rng = np.random.default_rng(1)
+    W, A, B = rng.normal(size=(6, 4)), rng.normal(size=(6, 2)), rng.normal(size=(2, 4))
+    layer.kernel.set_value(jnp.asarray(W, jnp.float32))
+    layer.lora.lora_a.set_value(jnp.asarray(A, jnp.float32))
+    layer.lora.lora_b.set_value(jnp.asarray(B, jnp.float32))
+    graphdef, state = nnx.split(layer)
+    x = rng.normal(size=(3, 5, 6)).astype(np.float32)
+    s, p, key = 3.0 / 2, 0.4, jax.random.key(7)
+
+    def run(x):  # two calls in one pass: the second adapter reached draws another mask
+        layer = nnx.merge(graphdef, state)
+        return layer(x), layer(x)
+
+    with lora.adapter_dropout(key, p):
+        y1, y2 = jax.jit(run)(jnp.asarray(x))
+    # NumPy reference: the masks are the ones jax.random draws from fold_in(key, n) for the n-th call
+    for n, y in enumerate((y1, y2)):
+        keep = np.asarray(jax.random.bernoulli(jax.random.fold_in(key, n), 1 - p, x.shape))
+        dropped = np.where(keep, x / (1 - p), 0.0)
+        np.testing.assert_allclose(np.asarray(y), x @ W + s * (dropped @ A) @ B, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.asarray(y1), np.asarray(y2))
+    assert 0.3 < 1 - np.asarray(jax.random.bernoulli(jax.random.fold_in(key, 0), 1 - p, x.shape)).mean() < 0.5
+    y0, _ = run(jnp.asarray(x))  # outside the context (sampling, evaluation): the adapters whole
+    np.testing.assert_allclose(np.asarray(y0), x @ W + s * (x @ A) @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_acts_in_the_gradient_pass_only_and_its_masks_follow_the_step():
+    lc = LoraConfig(rank=4, alpha=8.0, dropout=0.3)
+    cfg = dataclasses.replace(_learner_cfg(lc), minibatches=2, microbatch_size=4,
+                              grpo=dataclasses.replace(LearnerConfig().grpo, correction="decoupled"))
+    _, base = llama.init_params(TINY, 0)
+    lgraphdef, adapters = lora.init_adapters(TINY, lc, seed=0)
+    adapters = jax.tree.map(lambda x: x + 0.05, adapters)  # B != 0: the adapters matter
+    params = lora.join(base, adapters)
+    batches = [build_microbatches(_groups(i), T, 4, 0, cfg.grpo) for i in range(2)]
+
+    def two_updates(cfg, stop_after=2):
+        step = make_train_step(lgraphdef, cfg)
+        state = step.init(params)
+        losses = []
+        for mbs, stats in batches[:stop_after]:
+            state, m = step.update(state, mbs, stats["num_tokens"])
+            losses.append(m["loss"])
+        return step, state, losses
+
+    step, dropped, losses = two_updates(cfg)
+    _, whole, losses0 = two_updates(dataclasses.replace(cfg, lora=dataclasses.replace(lc, dropout=0.0)))
+    assert losses[0] != losses0[0]  # the masks reach the loss...
+    # ...but not the proximal log-probs (the trust region's centre is the policy actors sample)
+    mbs = batches[0][0]
+    prox = step.proximal_logprobs(step.init(params).params, mbs)
+    prox0 = make_train_step(lgraphdef, dataclasses.replace(cfg, lora=dataclasses.replace(lc, dropout=0.0)))
+    prox0 = prox0.proximal_logprobs(prox0.init(params).params, mbs)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(prox, prox0))
+    # the same step, minibatch and microbatch draw the same masks: a fresh learner at the
+    # checkpointed step (as a resume builds it) ends where the uninterrupted one did
+    _, first, _ = two_updates(cfg, stop_after=1)
+    again = make_train_step(lgraphdef, cfg)
+    again.init(params)
+    resumed, m = again.update(first, *[batches[1][0], batches[1][1]["num_tokens"]])
+    assert m["loss"] == losses[1]
+    assert _bitwise_equal(resumed.params, dropped.params)
+    assert not _bitwise_equal(dropped.params, whole.params)
+    # another seed, other masks
+    _, _, other = two_updates(dataclasses.replace(cfg, seed=1))
+    assert other[0] != losses[0]
+
+
 def _batch(seed=0):
     tokens = jax.random.randint(jax.random.key(seed), (2, T), 1, TINY.vocab_size)
     positions = jnp.tile(jnp.arange(T), (2, 1))
@@ -188,18 +259,88 @@ def test_rank_zero_is_the_full_fine_tuning_path():
     (dict(rank=4, alpha=0.0), "lora.alpha: must be > 0"),
     (dict(rank=4, targets=("q", "w")), "lora.targets: unknown projection 'w'"),
     (dict(rank=4, targets=()), "lora.targets: must name at least one"),
-    (dict(rank=4, dropout=0.1), "lora.dropout: only 0 is supported"),
+    (dict(rank=4, dropout=1.0), r"lora.dropout: must be in \[0, 1\)"),
+    (dict(rank=4, dropout=-0.1), r"lora.dropout: must be in \[0, 1\)"),
 ])
 def test_lora_config_errors_name_the_key(kw, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(LearnerConfig(sft=SFTConfig(steps=0)), lora=LoraConfig(**kw)).validate()
 
 
-def test_lora_refuses_what_it_does_not_train():
-    with pytest.raises(ValueError, match="sft.steps: the supervised warm-up trains every weight"):
-        LearnerConfig(lora=LoraConfig(rank=4)).validate()
-    with pytest.raises(ValueError, match="lora.rank: LoRA is built for algorithm=grpo only"):
-        LearnerConfig(algorithm="ppo", sft=SFTConfig(steps=0), lora=LoraConfig(rank=4)).validate()
+def test_the_supervised_warm_up_trains_the_adapters_alone():
+    from cadence.learner.steps.scoring import llama_logits
+    from cadence.learner.steps.sft_step import SFTStep, build_sft_batch
+
+    lc = LoraConfig(rank=4, alpha=8.0)
+    LearnerConfig(lora=lc).validate()  # sft.steps > 0 with LoRA: allowed
+    _, base = llama.init_params(TINY, 0)
+    base_copy = jax.tree.map(lambda x: np.array(x), base)
+    lgraphdef, adapters = lora.init_adapters(TINY, lc, seed=0)
+    sft = SFTStep(llama_logits(lgraphdef), SFTConfig(steps=5, lr=3e-2), lora=lc)
+    params = lora.join(base, adapters)
+    opt_state = sft.init(params)
+    moments = [x for x in jax.tree.leaves(opt_state) if getattr(x, "ndim", 0) > 0]
+    assert sum(x.size for x in moments) == 2 * sum(x.size for x in jax.tree.leaves(adapters))
+    rng = np.random.default_rng(0)
+    prompts = [[1, *map(int, rng.integers(2, 40, 3))] for _ in range(4)]
+    batch = build_sft_batch(prompts, [list(reversed(p[1:])) for p in prompts], T, 0)
+    losses = []
+    for _ in range(5):
+        params, opt_state, m = sft.update(params, opt_state, batch)
+        losses.append(m["loss"])
+    assert losses[-1] < losses[0]
+    trained, kept = lora.split(params)
+    assert _bitwise_equal(kept, base_copy)  # the base: every bit as it was
+    assert np.abs(np.asarray(trained["layers"][0]["mlp"]["up_proj"]["lora"]["lora_b"][...])).max() > 0
+    # the RL step starts from the warmed-up adapters on the same base
+    step = make_train_step(lgraphdef, _learner_cfg(lc))
+    state = step.init(params)
+    assert _bitwise_equal(state.params, trained) and _bitwise_equal(step.frozen, base_copy)
+
+
+@pytest.mark.parametrize("critic, dropout", [("value_head", 0.0), ("separate", 0.0), ("separate", 0.2)])
+def test_ppo_trains_the_policy_adapters_the_value_head_and_a_critic_of_adapters(critic, dropout):
+    from cadence.learner.config import PPOConfig
+
+    lc = LoraConfig(rank=4, alpha=8.0, dropout=dropout)
+    cfg = dataclasses.replace(_learner_cfg(lc), algorithm="ppo",
+                              ppo=dataclasses.replace(PPOConfig(), critic=critic, kl_coef=0.1))
+    cfg.validate()  # PPO with LoRA: allowed
+    _, base = llama.init_params(TINY, 0)
+    base_copy = jax.tree.map(lambda x: np.array(x), base)
+    lgraphdef, adapters = lora.init_adapters(TINY, lc, seed=0)
+    adapters = jax.tree.map(lambda x: x + 0.01, adapters)  # B != 0: the reference is not the base
+    step = make_train_step(lgraphdef, cfg)
+    state = step.init(lora.join(base, adapters))
+    ref0 = jax.tree.map(np.array, state.ref_params)
+    for i in range(2):
+        mbs, stats = build_microbatches(_groups(i), T, 8, 0, cfg.grpo)
+        state, metrics = step.update(state, mbs, stats["num_tokens"])
+    # what trains: the policy's adapters, the value head, a separate critic's own adapters; never the base
+    assert _leaves(state.params).keys() == _leaves(adapters).keys()
+    assert not _bitwise_equal(state.params, adapters)
+    assert np.abs(np.asarray(state.critic_params["head"]["w"])).max() > 0
+    if critic == "separate":
+        trunk = state.critic_params["trunk"]
+        assert _leaves(trunk).keys() == _leaves(adapters).keys() and not _bitwise_equal(trunk, adapters)
+        assert not _bitwise_equal(trunk, state.params)
+    else:
+        assert set(state.critic_params) == {"head"}
+    assert _bitwise_equal(step.frozen, base_copy)
+    assert _bitwise_equal(state.ref_params, ref0) and _bitwise_equal(ref0, adapters)  # the reference: frozen
+    moments = [x for x in jax.tree.leaves(state.opt_state) if getattr(x, "ndim", 0) > 0]
+    assert sum(x.size for x in moments) == 2 * sum(x.size for x in jax.tree.leaves(adapters))
+    assert metrics["kl_ref"] != 0 and np.isfinite(metrics["value_loss"])
+    merged = step.policy_params(state.params)  # what actors get
+    assert _leaves(merged).keys() == _leaves(base).keys()
+    if dropout:  # the masks reach the loss's forward: another loss than without them
+        nodrop = make_train_step(lgraphdef, dataclasses.replace(cfg, lora=dataclasses.replace(lc, dropout=0.0)))
+        s0 = nodrop.init(lora.join(base, adapters))
+        mbs, stats = build_microbatches(_groups(0), T, 8, 0, cfg.grpo)
+        fresh = step.init(lora.join(base, adapters))
+        _, m1 = step.update(fresh, mbs, stats["num_tokens"])
+        _, m0 = nodrop.update(s0, mbs, stats["num_tokens"])
+        assert m1["loss"] != m0["loss"] and m1["advantage_mean"] == m0["advantage_mean"]  # start-of-step: no masks
 
 
 def test_peft_loads_the_adapter_directory_and_matches_cadence(tmp_path):

@@ -294,6 +294,48 @@ def check_lora_fsdp_tensor():
     assert all(v == 1 for v in sharded.cache_sizes().values()), sharded.cache_sizes()
 
 
+def check_lora_ppo_and_warm_up_fsdp_tensor():
+    """LoRA's warm-up and PPO (separate critic of adapters, KL reference, adapter dropout) on
+    (fsdp 2, tensor 2) equal one device; every adapter-sized tree shards like the policy's."""
+    from cadence.learner.config import LoraConfig, SFTConfig
+    from cadence.learner.models import lora
+    from cadence.learner.steps.scoring import llama_logits
+    from cadence.learner.steps.sft_step import SFTStep, build_sft_batch
+
+    lc = LoraConfig(rank=4, alpha=8.0, dropout=0.2)
+    cfg = learner_cfg("ppo", lora=lc)
+    graphdef, base = llama.init_params(MODEL, 0)
+    layout = layout_for(MeshConfig(fsdp=2, tensor=2), base)
+    lgraphdef, adapters = lora.init_adapters(MODEL, lc, seed=0)
+    placed = layout.place(base)
+    rng = np.random.default_rng(0)
+    prompts = [[1, *map(int, rng.integers(3, 32, 3))] for _ in range(4)]
+    batch = build_sft_batch(prompts, [list(reversed(p[1:])) for p in prompts], T, PAD)
+    warmed = []
+    for lay, b in ((None, base), (layout, placed)):
+        sft = SFTStep(llama_logits(lgraphdef), SFTConfig(steps=2, lr=1e-2), lay, lora=lc)
+        params = lora.join(b, adapters)
+        opt = sft.init(params)
+        for _ in range(2):
+            params, opt, m = sft.update(params, opt, batch)
+        warmed.append((params, m["loss"]))
+    np.testing.assert_allclose(warmed[1][1], warmed[0][1], **TOL)
+    single, sharded = make_train_step(lgraphdef, cfg), make_train_step(lgraphdef, cfg, layout)
+    s1, s2 = single.init(warmed[0][0]), sharded.init(warmed[1][0])
+    a_spec = s2.params["layers"][0]["self_attn"]["q_proj"]["lora"]["lora_a"].get_value().sharding
+    for tree in (s2.critic_params["trunk"], s2.ref_params):
+        assert tree["layers"][0]["self_attn"]["q_proj"]["lora"]["lora_a"].get_value().sharding == a_spec
+    for k in range(2):
+        mbs, stats = build_microbatches(groups(4, seed=k), T, MB, PAD, cfg.grpo)
+        s1, m1 = single.update(s1, mbs, stats["num_tokens"])
+        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"])
+        np.testing.assert_allclose(m2["loss"], m1["loss"], **TOL)
+        np.testing.assert_allclose(m2["value_loss"], m1["value_loss"], **TOL)
+    assert_trees_close(s1.params, s2.params, "policy adapters", PARAMS_AFTER_ADAM_TOL)
+    assert_trees_close(s1.critic_params, s2.critic_params, "critic", PARAMS_AFTER_ADAM_TOL)
+    assert all(np.array_equal(x, y) for x, y in zip(host(sharded.frozen), host(base)))
+
+
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ def test_lora_steps_on_a_mesh_equal_one_device():
     run_checks("lora_fsdp_tensor")
 
 
+def test_lora_warm_up_and_ppo_on_a_mesh_equal_one_device():
+    run_checks("lora_ppo_and_warm_up_fsdp_tensor")
+
+
 @pytest.mark.slow
 def test_ppo_steps_on_meshes_equal_one_device():
     run_checks("ppo_fsdp_tensor", "ppo_data_fsdp")
