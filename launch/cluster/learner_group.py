@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import os
 import signal
 import socket
@@ -27,6 +28,7 @@ from cadence.launch.config_loader import ConfigError
 from cadence.learner import multihost, row_plan, sharding
 from cadence.learner.leader import Follower, Leader
 from cadence.learner.models.llama import abstract_params
+from cadence.learner.weight_stream import ShardStream
 
 STOP_GRACE_S = 60.0  # followers get this long to finish after process 0 exits
 
@@ -152,6 +154,15 @@ class LearnerProcesses:
         if not whole or (self.layout is None and self.out_dtype is None):
             return lambda params: params
         return self.gather
+
+    def shard_stream(self, bucket_mb: float) -> Callable | None:
+        """(params, paths) -> a WeightSource of this process's shards in buckets of bucket_mb MiB:
+        what actor processes fetch from a sharded learner instead of a whole-model copy; None
+        where they get whole arrays (one device, where the whole model is what is held anyway;
+        a learner of several processes, whose other processes do not serve their shards yet)."""
+        if self.layout is None or self.group.distributed:
+            return None
+        return functools.partial(ShardStream, dtype=self.out_dtype, bucket_bytes=max(1, int(bucket_mb * (1 << 20))))
 
     def gather(self, params):
         """params whole on this process's first device, in the model's dtype (engine, eval)."""

@@ -258,15 +258,19 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
     threads_drive_sglang = cfg.actors.engine == "sglang" and not cfg.actors.processes and cfg.actors.num_actors > 0
     actor_engine = sglang_engine(cfg, policy, cfg.actors.sglang.work_dir or os.path.join(run_dir, "sglang"),
                                  procs.fetch) if threads_drive_sglang else learner.engine
-    # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
-    publish = procs.publisher(whole=not threads_drive_sglang)
+    # [sharded learner] actor threads get whole weights (an SGLang sync in this process fetches
+    # them itself); with no actor threads here, actor processes fetch buckets of the shards
+    # (learner/weight_stream.py) and nothing in this process needs the whole model
+    threads = cfg.actors.num_actors > 0 and not cfg.actors.processes
+    stream = None if threads else procs.shard_stream(cfg.actors.weights_bucket_mb)
+    publish = procs.publisher(whole=not threads_drive_sglang and stream is None)
     lora_run = learner.lora_base is not None
-    if lora_run:  # actor threads get base + adapters merged (every engine and weight sync as before)
+    if lora_run and stream is None:  # actor threads get base + adapters merged (every engine and weight sync as before)
         publish = _after(learner.policy_params, publish)
     pipe = Pipeline(cfg, run_dir, learner.task, begin.stream, begin.ledger, course.batch_size,
                     InProcessWeights(publish(state.params), begin.step0),
                     actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), learner.scorer,
-                    supervisor=early, remote_params=state.params if lora_run else None)
+                    supervisor=early, remote_params=state.params if lora_run else None, shard_stream=stream)
     if course.concurrency is not None and course.concurrency != cfg.actors.prompts_per_call:
         pipe.set_concurrency(course.concurrency)  # a resumed run: where the controller had moved it
     clock = begin.clock
