@@ -242,12 +242,11 @@ class WeightClient:
         return client_socket(self._ctx, zmq.DEALER, self.endpoint, keys=self._keys,
                              max_bytes=max(self._chunk, 1 << 20) + (1 << 20), hwm=100)
 
-    def _ask(self, req: WeightsRequest, timeout: float):
-        self._sock.send(self.codec.encode(req))
+    def _send(self, have_version: int, version: int, bucket: int) -> None:
+        self._sock.send(self.codec.encode(WeightsRequest(have_version=have_version, version=version, bucket=bucket)))
+
+    def _recv(self, timeout: float):
         if not self._sock.poll(int(max(timeout, 0.001) * 1000), zmq.POLLIN):
-            # the reply may still come later: a fresh socket keeps it from answering the next request
-            self._sock.close(0)
-            self._sock = self._connect()
             raise TimeoutError(f"weights: no answer from {self.endpoint} within {timeout:g} s")
         frames = self._sock.recv_multipart(copy=False)
         header = self.codec.decode(frames[0].buffer)
@@ -259,24 +258,36 @@ class WeightClient:
         """The newest weights if newer than have_version, else None. Raises TimeoutError (the
         whole transfer, every bucket, within `timeout`), ProtocolError (frames that do not match
         their header, pieces that do not tile their arrays)."""
-        deadline = time.monotonic() + timeout
+        try:
+            return self._fetch(have_version, time.monotonic() + timeout, timeout)
+        except BaseException:
+            # a reply may still come: a fresh socket keeps it from answering the next request
+            self._sock.close(0)
+            self._sock = self._connect()
+            raise
+
+    def _fetch(self, have_version: int, deadline: float, timeout: float):
         version, k, n, whole = -1, 0, 1, _Assembly()
+        self._send(have_version, version, k)
         while k < n:
             left = deadline - time.monotonic()
             if k and left <= 0:
                 raise TimeoutError(f"weights: version {version} not complete from {self.endpoint} "
                                    f"within {timeout:g} s ({k} of {n} buckets)")
-            header, frames = self._ask(WeightsRequest(have_version=have_version, version=version, bucket=k), left)
+            header, frames = self._recv(left)
             if header.tensors is None:
                 if k == 0:
                     return None  # have_version is the newest
                 self.restarts += 1  # the server dropped the version midway: the newest, from the start
                 version, k, n, whole = -1, 0, 1, _Assembly()
+                self._send(have_version, version, k)
                 continue
             if k and (header.version != version or header.bucket != k or header.buckets != n):
                 raise ProtocolError(f"weights: asked for bucket {k} of version {version}, got bucket "
                                     f"{header.bucket} of {header.buckets} of version {header.version}")
             version, n = header.version, header.buckets
+            if k + 1 < n:  # ask for the next bucket now: it is built and sent while this one is assembled
+                self._send(have_version, version, k + 1)
             for spec, (_, a) in zip(header.tensors, from_frames(header.tensors, frames)):
                 whole.add(spec, a)
             k += 1
