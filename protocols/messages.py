@@ -386,6 +386,9 @@ class Welcome(_Message, kw_only=True, tag="welcome"):
     concurrency: int  # prompts per engine call the controller wants now
     # silence after which each side counts the other gone (0: an older dispatcher did not say)
     heartbeat_timeout_seconds: float = 0.0
+    # the other learner processes' weight servers, each serving the pieces its devices hold: a
+    # version is whole with weights_endpoint's pieces and theirs (protocols/weights_wire.fetch_all)
+    weights_shards: list[str] = []
 
     def validate(self) -> None:
         _check_nonempty("Welcome", session=self.session)

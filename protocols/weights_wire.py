@@ -37,6 +37,7 @@ from cadence.protocols.zmq_transport import CurveKeys, RefusalCounter, bound_end
 NamedArrays = list[tuple[str, np.ndarray]]
 # one array of a bucket: (path, data, offset, whole shape); offset/whole None = a whole array
 Piece = tuple[str, np.ndarray, Sequence[int] | None, Sequence[int] | None]
+LATER, GONE = "later", "gone"  # an exact version asked of a server: not published there yet / dropped
 STREAM_TIMEOUT_S = 120.0  # a transfer not continued for this long is dropped (its version released)
 RELEASE_WAIT_S = 60.0  # the longest a new bucket waits for ZeroMQ to release the previous one
 
@@ -109,9 +110,13 @@ class WeightServer:
     """Serves the newest published weights to any number of actors (see the module docstring)."""
 
     def __init__(self, endpoint: str, *, ctx: zmq.Context, keys: CurveKeys | None = None,
-                 chunk_bytes: int = 16 << 20, key_name: str = "actors.keys_dir"):
+                 chunk_bytes: int = 16 << 20, key_name: str = "actors.keys_dir", retain: int = 1):
         self.codec = Codec(1 << 20)
         self.chunk_bytes = chunk_bytes
+        # versions served when asked for by number (a learner of several processes: the actor takes
+        # process 0's newest, then that version's pieces from the others, which may have moved on)
+        self.retain = max(1, retain)
+        self._recent: dict[int, WeightSource] = {}
         self._sock = server_socket(ctx, zmq.ROUTER, endpoint, keys=keys, max_bytes=1 << 20, hwm=100,
                                    key_name=key_name)
         self.endpoint = bound_endpoint(self._sock)
@@ -143,6 +148,9 @@ class WeightServer:
             if version < self._version:
                 raise ValueError(f"weights version went backwards: {version} < {self._version}")
             self._version, self._source = version, source
+            self._recent[version] = source
+            while len(self._recent) > self.retain:
+                del self._recent[min(self._recent)]
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -179,7 +187,12 @@ class WeightServer:
             del self._streams[p]  # a transfer abandoned midway (the actor died): its version goes
         with self._lock:
             newest, source = self._version, self._source
-        if req.bucket == 0:
+            exact = self._recent.get(req.version)
+        if req.bucket == 0 and req.version >= 0:  # exactly this version (its pieces held here)
+            if exact is None:  # the header's version says which: not published here yet, or gone
+                return self._reply_empty(peer, newest)
+            version, source = req.version, exact
+        elif req.bucket == 0:
             if source is None or req.have_version >= newest:
                 return self._reply_empty(peer, newest)
             version = newest
@@ -258,28 +271,44 @@ class WeightClient:
         """The newest weights if newer than have_version, else None. Raises TimeoutError (the
         whole transfer, every bucket, within `timeout`), ProtocolError (frames that do not match
         their header, pieces that do not tile their arrays)."""
+        whole = _Assembly()
+        version = self.fetch_into(whole, have_version, time.monotonic() + timeout)
+        if version is None:
+            return None
+        arrays = whole.arrays()
+        self.fetched += 1
+        self.fetched_bytes += sum(a.nbytes for _, a in arrays)
+        return version, arrays
+
+    def fetch_into(self, whole: "_Assembly", have_version: int, deadline: float, exact: int = -1):
+        """This server's arrays (or pieces) of its newest version newer than have_version, or of
+        exactly version `exact`, added to `whole`. Returns the version; None: nothing newer;
+        LATER / GONE (exact only): not published here yet / no longer served."""
         try:
-            return self._fetch(have_version, time.monotonic() + timeout, timeout)
+            return self._fetch(whole, have_version, deadline, exact)
         except BaseException:
             # a reply may still come: a fresh socket keeps it from answering the next request
             self._sock.close(0)
             self._sock = self._connect()
             raise
 
-    def _fetch(self, have_version: int, deadline: float, timeout: float):
-        version, k, n, whole = -1, 0, 1, _Assembly()
-        self._send(have_version, version, k)
+    def _fetch(self, whole: "_Assembly", have_version: int, deadline: float, exact: int):
+        version, k, n, begun = exact, 0, 1, len(whole)
+        self._send(have_version, exact, k)
         while k < n:
             left = deadline - time.monotonic()
             if k and left <= 0:
                 raise TimeoutError(f"weights: version {version} not complete from {self.endpoint} "
-                                   f"within {timeout:g} s ({k} of {n} buckets)")
+                                   f"({k} of {n} buckets)")
             header, frames = self._recv(left)
             if header.tensors is None:
+                if exact >= 0:
+                    return LATER if k == 0 and header.version < exact else GONE
                 if k == 0:
                     return None  # have_version is the newest
                 self.restarts += 1  # the server dropped the version midway: the newest, from the start
-                version, k, n, whole = -1, 0, 1, _Assembly()
+                version, k, n = -1, 0, 1
+                whole.truncate(begun)
                 self._send(have_version, version, k)
                 continue
             if k and (header.version != version or header.bucket != k or header.buckets != n):
@@ -291,13 +320,39 @@ class WeightClient:
             for spec, (_, a) in zip(header.tensors, from_frames(header.tensors, frames)):
                 whole.add(spec, a)
             k += 1
-        arrays = whole.arrays()
-        self.fetched += 1
-        self.fetched_bytes += sum(a.nbytes for _, a in arrays)
-        return version, arrays
+        return version
 
     def close(self) -> None:
         self._sock.close(0)
+
+
+def fetch_all(clients: list["WeightClient"], have_version: int = -1, timeout: float = 60.0,
+              poll_s: float = 0.01) -> tuple[int, NamedArrays] | None:
+    """The newest weights from a learner whose processes each serve their own pieces: clients[0]
+    (process 0's server) names the version, the others send their pieces of exactly that version
+    (waiting for one that has not published it yet; starting over if one no longer serves it)."""
+    if len(clients) == 1:
+        return clients[0].fetch(have_version, timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        whole = _Assembly()
+        version = clients[0].fetch_into(whole, have_version, deadline)
+        if version is None:
+            return None
+        for c in clients[1:]:
+            got = c.fetch_into(whole, -1, deadline, exact=version)
+            while got is LATER:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"weights: {c.endpoint} has not published version {version}")
+                time.sleep(poll_s)
+                got = c.fetch_into(whole, -1, deadline, exact=version)
+            if got is GONE:
+                break
+        else:
+            arrays = whole.arrays()
+            clients[0].fetched += 1
+            clients[0].fetched_bytes += sum(a.nbytes for _, a in arrays)
+            return version, arrays
 
 
 class _Assembly:
@@ -306,10 +361,22 @@ class _Assembly:
     def __init__(self):
         self._arrays: dict[str, np.ndarray] = {}
         self._boxes: dict[str, list[tuple[tuple[int, int], ...]]] = {}
+        self._added: list[str] = []  # paths in the order their arrays or pieces came
+
+    def __len__(self) -> int:
+        return len(self._added)
+
+    def truncate(self, n: int) -> None:
+        """Forget what came after the first n additions (a transfer begun again)."""
+        for path in self._added[n:]:
+            self._arrays.pop(path, None)
+            self._boxes.pop(path, None)
+        del self._added[n:]
 
     def add(self, spec: TensorSpec, a: np.ndarray) -> None:
         if spec.path in self._arrays and spec.path not in self._boxes:
             raise ProtocolError(f"weights: {spec.path} sent twice")
+        self._added.append(spec.path)
         if spec.offset is None:
             self._arrays[spec.path] = a
             return

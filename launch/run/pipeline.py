@@ -57,7 +57,8 @@ class Pipeline:
 
     def __init__(self, cfg, run_dir: str, task, stream, ledger: SampleLedger, batch_size: int,
                  weights: InProcessWeights, engine, restored_groups, progress, config_dict: dict, scorer=None,
-                 supervisor: ActorSupervisor | None = None, remote_params=None, shard_stream=None):
+                 supervisor: ActorSupervisor | None = None, remote_params=None, shard_stream=None,
+                 weights_shards: tuple[str, ...] = ()):
         a = cfg.actors
         restored_groups = list(restored_groups)
         # on_change: the dispatcher re-checks waiting actors at once (the server is built below,
@@ -82,7 +83,7 @@ class Pipeline:
                              "connect to the run; the default (ipc://, in the run directory) admits only yours")
         self.weight_server = WeightServer(weights_listen, ctx=self.ctx, keys=self.keys, key_name="actors.keys_dir") \
             if listen else None
-        # shard_stream(params, paths) -> a WeightSource: a sharded learner's weights go out in buckets
+        # shard_stream(params, paths, version) -> a WeightSource: a sharded learner's weights go out in buckets
         # of its shards (learner/weight_stream.py); None: whole arrays (a one-device learner)
         self.shard_stream = shard_stream
         if self.weight_server is not None:
@@ -97,6 +98,7 @@ class Pipeline:
             liveness_timeout_seconds=a.liveness_timeout_seconds, queue_size=a.queue_size,
             concurrency=a.prompts_per_call, config=config_dict,
             weights_endpoint=self.weight_server.endpoint if self.weight_server else "",
+            weights_shards=tuple(weights_shards),  # the other learner processes' pieces (shard_stream)
             # what a group may hold (protocols/group_checks.py): the learner's rows are built for these
             max_completion_tokens=completion_budget(cfg, task),
             vocab_size=getattr(getattr(engine, "model_cfg", None), "vocab_size", 0),
@@ -225,7 +227,7 @@ class Pipeline:
 
     def _serve(self, version: int, served) -> None:
         if self.shard_stream is not None:
-            self.weight_server.publish_source(version, self.shard_stream(served, self.layout.paths))
+            self.weight_server.publish_source(version, self.shard_stream(served, self.layout.paths, version))
         else:
             self.weight_server.publish(version, lambda: self.layout.named(served))
 

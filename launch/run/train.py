@@ -160,7 +160,8 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     logits_fn = llama_logits(policy.graphdef, cfg.learner.remat)
     sft_step = SFTStep(logits_fn, learner_cfg.sft, procs.layout, logits_chunk=cfg.learner.logits_chunk)
     if not procs.group.is_leader:
-        return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params)
+        return procs.follow(policy.params, train_step, checkpointer, arrays_of, sft_step, artifacts.save_params,
+                            actors_cfg=None if _actor_threads(cfg) else cfg.actors, run_dir=run_dir)
     train_step, checkpointer, sft_step = procs.lead(policy.params, train_step, checkpointer, sft_step)
     for note in plan_notes:  # a mesh the configured rows do not split over: re-planned, not refused
         progress.message(f"re-planned for data x fsdp = {rows} row devices: {note}")
@@ -198,6 +199,11 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
         train_step = wrap_train_step(train_step)
     return _Learner(policy, task, train_step, checkpointer, begin, state, engine, scorer, evaluate_params,
                     sft_metrics, L, learner_cfg, plan_notes, policy_params, lora_base)
+
+
+def _actor_threads(cfg: Config) -> bool:
+    """Actor threads in the learner's process (their built-in engine needs the whole model)."""
+    return cfg.actors.num_actors > 0 and not cfg.actors.processes
 
 
 def _after(first, then):
@@ -261,8 +267,7 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
     # [sharded learner] actor threads get whole weights (an SGLang sync in this process fetches
     # them itself); with no actor threads here, actor processes fetch buckets of the shards
     # (learner/weight_stream.py) and nothing in this process needs the whole model
-    threads = cfg.actors.num_actors > 0 and not cfg.actors.processes
-    stream = None if threads else procs.shard_stream(cfg.actors.weights_bucket_mb)
+    stream = None if _actor_threads(cfg) else procs.shard_stream(cfg.actors)
     publish = procs.publisher(whole=not threads_drive_sglang and stream is None)
     lora_run = learner.lora_base is not None
     if lora_run and stream is None:  # actor threads get base + adapters merged (every engine and weight sync as before)
@@ -270,7 +275,8 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
     pipe = Pipeline(cfg, run_dir, learner.task, begin.stream, begin.ledger, course.batch_size,
                     InProcessWeights(publish(state.params), begin.step0),
                     actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), learner.scorer,
-                    supervisor=early, remote_params=state.params if lora_run else None, shard_stream=stream)
+                    supervisor=early, remote_params=state.params if lora_run else None, shard_stream=stream,
+                    weights_shards=procs.weights_shards() if stream is not None else ())
     if course.concurrency is not None and course.concurrency != cfg.actors.prompts_per_call:
         pipe.set_concurrency(course.concurrency)  # a resumed run: where the controller had moved it
     clock = begin.clock

@@ -7,7 +7,7 @@ import zmq
 
 from cadence.protocols.errors import ProtocolError
 from cadence.protocols.messages import TensorSpec
-from cadence.protocols.weights_wire import WeightClient, WeightServer, from_frames, to_frames
+from cadence.protocols.weights_wire import WeightClient, WeightServer, fetch_all, from_frames, to_frames
 
 
 def arrays(seed=0):
@@ -173,4 +173,42 @@ def test_big_buckets_sent_zero_copy_are_released_so_the_next_bucket_is_not_held_
     finally:
         client.close()
         server.stop()
+        ctx.destroy(linger=0)
+
+
+class Half(Pieces):
+    """One learner process's pieces: the rows of each array from `lo` on (or before)."""
+
+    def __init__(self, named, upper):
+        super().__init__(named, rows=5, per_bucket=1)
+        self._buckets = [b for b in self._buckets if (b[0][2][0] >= 5) == upper]
+        self.buckets = len(self._buckets)
+
+
+def test_a_learner_of_two_processes_each_serving_its_pieces_is_fetched_whole_at_one_version():
+    import threading
+
+    ctx = zmq.Context()
+    servers = [WeightServer("tcp://127.0.0.1:0", ctx=ctx, retain=2).start() for _ in range(2)]
+    clients = [WeightClient(s.endpoint, ctx=ctx) for s in servers]
+    named = lambda v: [("['w']", np.full((10, 3), v, np.float32))]  # noqa: E731
+    try:
+        servers[0].publish_source(1, Half(named(1), upper=False))
+        # the other process publishes version 1 a little later: the client waits for it
+        late = threading.Timer(0.3, lambda: servers[1].publish_source(1, Half(named(1), upper=True)))
+        late.start()
+        v, got = fetch_all(clients, -1, timeout=10)
+        assert v == 1 and got[0][1].tobytes() == named(1)[0][1].tobytes()
+        # process 0 at 2 while the other has moved on to 3: it still serves 2 (retain=2)
+        servers[0].publish_source(2, Half(named(2), upper=False))
+        servers[1].publish_source(2, Half(named(2), upper=True))
+        servers[1].publish_source(3, Half(named(3), upper=True))
+        v, got = fetch_all(clients, 1, timeout=10)
+        assert v == 2 and got[0][1].tobytes() == named(2)[0][1].tobytes()
+        assert fetch_all(clients, 2, timeout=10) is None
+    finally:
+        for c in clients:
+            c.close()
+        for s in servers:
+            s.stop()
         ctx.destroy(linger=0)
