@@ -39,8 +39,9 @@ def _bucket_bytes(actors_cfg) -> int:
 
 
 def _this_host(listen: str) -> bool:
-    """Whether actors.listen keeps every learner process's weight server on this host."""
-    if listen.startswith("ipc://"):
+    """Whether every learner process's weight server has an address actors reach: on this host,
+    or the one its launcher gave it (multihost.ENV_WEIGHTS_HOST)."""
+    if listen.startswith("ipc://") or (listen.startswith("tcp://") and os.environ.get(multihost.ENV_WEIGHTS_HOST)):
         return True
     host = listen[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
     return host in ("127.0.0.1", "localhost", "::1")
@@ -171,8 +172,8 @@ class LearnerProcesses:
     def streams_weights(self, actors_cfg) -> bool:
         """Whether actor processes fetch buckets of the shards (learner/weight_stream.py) rather
         than whole arrays: a sharded learner whose processes all serve on this host (ipc:// or
-        loopback; the other processes' addresses beyond it are not known yet). The same answer
-        in every process (it reads only the config)."""
+        loopback, or each process's address from its launcher, as cadence launch ray gives). The
+        same answer in every process (it reads the config and the launcher's environment)."""
         return self.layout is not None and (not self.group.distributed or _this_host(actors_cfg.listen))
 
     def shard_stream(self, actors_cfg) -> Callable | None:
@@ -238,8 +239,9 @@ class LearnerProcesses:
         from cadence.protocols.zmq_transport import CurveKeys, private_dir
 
         listen, pid = actors_cfg.listen, self.group.process_id
+        host = os.environ.get(multihost.ENV_WEIGHTS_HOST)
         where = f"ipc://{private_dir(run_dir)}/weights.{pid}" if listen.startswith("ipc://") \
-            else f"{listen.rsplit(':', 1)[0]}:0"
+            else f"tcp://{host}:0" if host else f"{listen.rsplit(':', 1)[0]}:0"
         ctx = zmq.Context()
         keys = CurveKeys.load(actors_cfg.keys_dir) if actors_cfg.keys_dir else None
         # retain 2: an actor takes process 0's newest, then asks here for that version, which the
