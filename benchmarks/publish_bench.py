@@ -55,7 +55,7 @@ def per_device_max() -> tuple[int, int]:
     for array in jax.live_arrays():
         try:
             shards = [(s.device.id, s.data.unsafe_buffer_pointer(), s.data.nbytes) for s in array.addressable_shards]
-        except RuntimeError:  # deleted meanwhile
+        except (RuntimeError, TypeError):  # deleted meanwhile
             continue
         for d, ptr, n in shards:
             largest = max(largest, n)

@@ -133,6 +133,7 @@ class WeightServer:
         self.sent_bytes = 0
         self.buckets_built = 0  # buckets materialised on the host (once per bucket while actors keep step)
         self.bad_messages = 0
+        self.error: BaseException | None = None  # what stopped the server thread (the run fails on it)
 
     def start(self) -> "WeightServer":
         self._thread.start()
@@ -235,7 +236,11 @@ class WeightServer:
             if not isinstance(req, WeightsRequest) or req.bucket < 0:
                 self.bad_messages += 1
                 continue
-            self._serve(peer, req)
+            try:
+                self._serve(peer, req)
+            except Exception as e:  # e.g. a bucket that cannot be built: fail the run, not hang its actors
+                self.error = e
+                return
 
 
 class WeightClient:

@@ -253,6 +253,8 @@ class Pipeline:
             raise PipelineStopped(self._failures[0])
         if self.server.error is not None:
             raise PipelineStopped(f"dispatcher failed: {self.server.error!r}") from self.server.error
+        if self.weight_server is not None and self.weight_server.error is not None:
+            raise PipelineStopped(f"weight server failed: {self.weight_server.error!r}") from self.weight_server.error
 
     def metrics(self) -> dict:
         out = self.server.metrics()

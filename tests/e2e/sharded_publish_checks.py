@@ -50,7 +50,7 @@ def per_device() -> tuple[dict, dict]:
         try:  # the learner thread may delete (donate) an array while we look
             arrays.append((len(array.sharding.device_set) == 1,
                            [(s.device.id, s.data.unsafe_buffer_pointer(), s.data.nbytes) for s in array.addressable_shards]))
-        except RuntimeError:
+        except (RuntimeError, TypeError):  # deleted: "has been deleted", or its buffers already None
             continue
     on_mesh = {(d, ptr) for one, shards in arrays if not one for d, ptr, _ in shards}
     largest, single, seen = collections.Counter(), collections.Counter(), set()

@@ -212,3 +212,24 @@ def test_a_learner_of_two_processes_each_serving_its_pieces_is_fetched_whole_at_
         for s in servers:
             s.stop()
         ctx.destroy(linger=0)
+
+
+def test_a_bucket_that_cannot_be_built_stops_the_server_with_its_error():
+    ctx = zmq.Context()
+    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
+    client = WeightClient(server.endpoint, ctx=ctx)
+    try:
+        source = Pieces(grid(1), rows=3, per_bucket=2)
+
+        def broken(k):
+            raise RuntimeError("Array has been deleted")
+
+        source.bucket = broken
+        server.publish_source(1, source)
+        with pytest.raises(TimeoutError):
+            client.fetch(-1, timeout=1)
+        assert isinstance(server.error, RuntimeError)  # Pipeline.health() fails the run with it
+    finally:
+        client.close()
+        server.stop()
+        ctx.destroy(linger=0)
