@@ -103,6 +103,9 @@ class ActorsConfig:
     liveness_timeout_seconds: float = 600.0  # an actor stuck this long in one phase (generating, scoring) with prompts in flight is hung
     restart_backoff_seconds: float = 1.0  # first delay before restarting a dead actor process; doubles while they keep dying
     max_message_mb: float = 64.0  # largest message accepted from an actor
+    # a sharded learner streams weights to actor processes from its shards in buckets of at most this many
+    # MiB (learner/weight_stream.py): the most any device or the learner's host holds beyond its shards
+    weights_bucket_mb: float = 64.0
     max_abs_reward: float = 1e6  # a group with a larger |reward| is refused as bad (actors/bad_groups/reward_range)
     sglang: SGLangConfig = dataclasses.field(default_factory=SGLangConfig)  # used when engine=sglang
 
@@ -131,7 +134,7 @@ class ActorsConfig:
                 raise ValueError(f"sglang.port: with processes={self.processes} each process launches servers "
                                  f"from port {self.sglang.port} and they collide; set 0 (free ports)")
         for name in ("heartbeat_seconds", "heartbeat_timeout_seconds", "liveness_timeout_seconds",
-                     "max_message_mb", "max_abs_reward"):
+                     "max_message_mb", "max_abs_reward", "weights_bucket_mb"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout_seconds < 2 * self.heartbeat_seconds:

@@ -10,14 +10,15 @@ import time
 from typing import Callable
 
 from cadence.learner.models.named_arrays import ParamLayout
-from cadence.protocols.weights_wire import WeightClient
+from cadence.protocols.weights_wire import WeightClient, fetch_all
 
 
 class RemoteWeights:
     """Args:
       connect: endpoint -> WeightClient.
       template: a parameter tree of the same model (shapes, dtypes, paths).
-      endpoint_fn: the weight server's endpoint now (it moves when the learner restarts).
+      endpoint_fn: the weight server's endpoint now (it moves when the learner restarts), or
+        several: process 0's first, then the other learner processes' (each serves its pieces).
       transform: what was fetched -> the params the engine runs, once per version (a LoRA run
         sends its adapters: this merges them into the frozen base); None = as fetched.
     """
@@ -25,7 +26,7 @@ class RemoteWeights:
     def __init__(self, connect: Callable[[str], WeightClient], template, endpoint_fn: Callable[[], str],
                  timeout: float = 120.0, transform: Callable | None = None):
         self._connect, self._endpoint_fn = connect, endpoint_fn
-        self._client: WeightClient | None = None
+        self._clients: list[WeightClient] = []
         self.layout = ParamLayout(template)
         self.timeout = timeout
         self._transform = transform
@@ -44,15 +45,16 @@ class RemoteWeights:
 
     def ensure(self, version: int) -> None:
         """Fetch the newest weights if we hold less than `version` (the newest may be newer still)."""
-        endpoint = self._endpoint_fn()
-        if self._client is None or self._client.endpoint != endpoint:
-            if self._client is not None:
-                self._client.close()
-            self._client = self._connect(endpoint)
+        endpoints = self._endpoint_fn()
+        endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if [c.endpoint for c in self._clients] != endpoints:
+            for c in self._clients:
+                c.close()
+            self._clients = [self._connect(e) for e in endpoints]
         deadline = time.monotonic() + self.timeout
         while self._version < version:
             t0 = time.perf_counter()
-            got = self._client.fetch(self._version, timeout=max(deadline - time.monotonic(), 0.1))
+            got = fetch_all(self._clients, self._version, timeout=max(deadline - time.monotonic(), 0.1))
             self.fetch_seconds += time.perf_counter() - t0
             if got is not None:
                 v, named = got

@@ -28,6 +28,9 @@ import numpy as np
 ENV_COORDINATOR = "CADENCE_COORDINATOR"
 ENV_NUM_PROCESSES = "CADENCE_NUM_PROCESSES"
 ENV_PROCESS_ID = "CADENCE_PROCESS_ID"
+# the address this learner process serves its pieces of the weights on, set by a launcher that
+# knows each host's (cadence launch ray); without it, actors.listen's host (launch/cluster/learner_group.py)
+ENV_WEIGHTS_HOST = "CADENCE_WEIGHTS_HOST"
 
 # dtypes that cross the channel (raw bytes; nothing is unpickled)
 _DTYPES = {"bool", "int8", "uint8", "int32", "uint32", "int64", "float32", "float64"}

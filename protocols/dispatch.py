@@ -67,6 +67,7 @@ class DispatchSettings:
     concurrency: int = 16  # prompts per engine call, told to actors (the controller may change it)
     config: dict = dataclasses.field(default_factory=dict)  # the run's config, for actor processes
     weights_endpoint: str = ""
+    weights_shards: tuple[str, ...] = ()  # the other learner processes' weight servers (Welcome)
     max_completion_tokens: int = 0  # the run's completion budget: a longer completion is a bad group (0 = unchecked)
     vocab_size: int = 0  # completion ids must be below it (0 = unchecked)
     max_abs_reward: float = 1e6  # a reward of larger magnitude is a bad group
@@ -193,6 +194,7 @@ class Dispatcher:
     def _welcome(self) -> Welcome:
         s = self.settings
         return Welcome(session=self.session, config=s.config, weights_endpoint=s.weights_endpoint,
+                       weights_shards=list(s.weights_shards),
                        version=self.version_fn(), heartbeat_seconds=s.heartbeat_seconds,
                        heartbeat_timeout_seconds=s.heartbeat_timeout_seconds, concurrency=self.concurrency)
 

@@ -289,6 +289,10 @@ class WeightsPublished(_Message, kw_only=True, tag="weights_published"):
     location: str  # where to find them: "inproc", a checkpoint path or a weights endpoint
     published_at: float  # time.time() at publication
     tensors: list[TensorSpec] | None = None  # a weights transfer: the arrays whose frames follow
+    # a transfer in buckets (a sharded learner streams its shards): this is bucket `bucket` of
+    # `buckets`; the actor asks for the next one (WeightsRequest.bucket) until it has them all
+    bucket: int = 0
+    buckets: int = 1
 
     def validate(self) -> None:
         """Raises InvalidMessage if version or step is negative or location is empty."""
@@ -298,15 +302,22 @@ class WeightsPublished(_Message, kw_only=True, tag="weights_published"):
                 raise InvalidMessage(f"WeightsPublished.{field}: must be >= 0, got {value}")
         if not self.location:
             raise InvalidMessage("WeightsPublished.location: must be non-empty")
+        if not 0 <= self.bucket < max(self.buckets, 1):
+            raise InvalidMessage(f"WeightsPublished.bucket: {self.bucket} is not in [0, {self.buckets})")
 
 
 class TensorSpec(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """One array of a weights transfer: its tree path, dtype and shape, sent as `frames` raw frames."""
+    """One array of a weights transfer: its tree path, dtype and shape, sent as `frames` raw frames.
+
+    A piece of a larger array (a learner's shard, streamed without assembling the whole) also
+    names where it sits: `offset` (its first index on each axis) in an array of shape `whole`."""
 
     path: str
     dtype: str  # numpy dtype name, e.g. "float32", "bfloat16"
     shape: list[int]
     frames: int  # raw frames that follow for it (big arrays are chunked)
+    offset: list[int] | None = None  # None: the whole array
+    whole: list[int] | None = None
 
 
 class WeightsRequest(_Message, kw_only=True, tag="weights_request"):
@@ -314,6 +325,9 @@ class WeightsRequest(_Message, kw_only=True, tag="weights_request"):
     set, followed by the raw frames, or the header alone when `have_version` is already the newest."""
 
     have_version: int = -1  # the version the actor holds (-1: none)
+    # the next bucket of a transfer in progress: of `version` (bucket 0 starts one, of the newest)
+    version: int = -1
+    bucket: int = 0
 
 
 class Control(_Message, kw_only=True, tag="control"):
@@ -372,6 +386,9 @@ class Welcome(_Message, kw_only=True, tag="welcome"):
     concurrency: int  # prompts per engine call the controller wants now
     # silence after which each side counts the other gone (0: an older dispatcher did not say)
     heartbeat_timeout_seconds: float = 0.0
+    # the other learner processes' weight servers, each serving the pieces its devices hold: a
+    # version is whole with weights_endpoint's pieces and theirs (protocols/weights_wire.fetch_all)
+    weights_shards: list[str] = []
 
     def validate(self) -> None:
         _check_nonempty("Welcome", session=self.session)

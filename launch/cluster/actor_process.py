@@ -252,7 +252,8 @@ def _build(parts: Parts, welcome, client, actor_id, ctx, keys, log, sglang_urls=
     if cfg.learner.lora.rank > 0:  # the learner sends adapters: merged here into this host's base
         template, transform = _lora_weights(cfg, policy, log, actor_id)
     weights = RemoteWeights(lambda endpoint: WeightClient(endpoint, ctx=ctx, keys=keys), template,
-                            endpoint_fn=lambda: client.welcome.weights_endpoint, transform=transform)
+                            endpoint_fn=lambda: (client.welcome.weights_endpoint, *client.welcome.weights_shards),
+                            transform=transform)
     log(f"{actor_id}: joined session {welcome.session} (task {task.name}, {cfg.learner.group_size} completions "
         f"per prompt, {welcome.concurrency} prompts per call)")
     return Actor(actor_id, engine, task, client, weights, cfg.learner.group_size, welcome.concurrency,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import os
 import signal
 import socket
@@ -27,8 +28,23 @@ from cadence.launch.config_loader import ConfigError
 from cadence.learner import multihost, row_plan, sharding
 from cadence.learner.leader import Follower, Leader
 from cadence.learner.models.llama import abstract_params
+from cadence.learner.weight_stream import ShardStream
 
 STOP_GRACE_S = 60.0  # followers get this long to finish after process 0 exits
+_WEIGHTS_KEY = "cadence/weights"  # key-value store: each learner process's weight server
+
+
+def _bucket_bytes(actors_cfg) -> int:
+    return max(1, int(actors_cfg.weights_bucket_mb * (1 << 20)))
+
+
+def _this_host(listen: str) -> bool:
+    """Whether every learner process's weight server has an address actors reach: on this host,
+    or the one its launcher gave it (multihost.ENV_WEIGHTS_HOST)."""
+    if listen.startswith("ipc://") or (listen.startswith("tcp://") and os.environ.get(multihost.ENV_WEIGHTS_HOST)):
+        return True
+    host = listen[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
 
 
 def _free_port() -> int:
@@ -153,6 +169,40 @@ class LearnerProcesses:
             return lambda params: params
         return self.gather
 
+    def streams_weights(self, actors_cfg) -> bool:
+        """Whether actor processes fetch buckets of the shards (learner/weight_stream.py) rather
+        than whole arrays: a sharded learner whose processes all serve on this host (ipc:// or
+        loopback, or each process's address from its launcher, as cadence launch ray gives). The
+        same answer in every process (it reads the config and the launcher's environment)."""
+        return self.layout is not None and (not self.group.distributed or _this_host(actors_cfg.listen))
+
+    def shard_stream(self, actors_cfg) -> Callable | None:
+        """(params, paths, version) -> a WeightSource of this process's shards in buckets of
+        actors.weights_bucket_mb MiB, the other learner processes publishing theirs of the same
+        version (Follower's "publish" call); None where actor processes get whole arrays."""
+        if not self.streams_weights(actors_cfg):
+            return None
+        make = functools.partial(ShardStream, dtype=self.out_dtype, bucket_bytes=_bucket_bytes(actors_cfg))
+        if self.leader is None:
+            return lambda params, paths, version: make(params, paths)
+
+        def stream(params, paths, version):
+            self.leader.call("publish", lambda: None, {"version": int(version)}, params)
+            return make(params, paths)
+
+        return stream
+
+    def weights_shards(self, timeout_s: float = 120.0) -> tuple[str, ...]:
+        """Process 0: the other learner processes' weight servers (each set its endpoint in the
+        jax.distributed key-value store when it started serving; Follower side: follow())."""
+        if self.leader is None:
+            return ()
+        from jax._src import distributed
+
+        client = distributed.global_state.client
+        return tuple(client.blocking_key_value_get(f"{_WEIGHTS_KEY}/{p}", int(timeout_s * 1000))
+                     for p in range(1, self.group.num_processes))
+
     def gather(self, params):
         """params whole on this process's first device, in the model's dtype (engine, eval)."""
         if self.leader is not None:
@@ -178,15 +228,50 @@ class LearnerProcesses:
             self.leader.stop()
 
     # ---- processes 1..N-1 ----
+    def _serve_pieces(self, actors_cfg, run_dir: str):
+        """A weight server for this process's pieces, its endpoint in the key-value store for
+        process 0 to hand to actors; and the "publish" call that serves a version."""
+        import zmq
+        from jax._src import distributed
+
+        from cadence.learner.models.named_arrays import ParamLayout
+        from cadence.protocols.weights_wire import WeightServer
+        from cadence.protocols.zmq_transport import CurveKeys, private_dir
+
+        listen, pid = actors_cfg.listen, self.group.process_id
+        host = os.environ.get(multihost.ENV_WEIGHTS_HOST)
+        where = f"ipc://{private_dir(run_dir)}/weights.{pid}" if listen.startswith("ipc://") \
+            else f"tcp://{host}:0" if host else f"{listen.rsplit(':', 1)[0]}:0"
+        ctx = zmq.Context()
+        keys = CurveKeys.load(actors_cfg.keys_dir) if actors_cfg.keys_dir else None
+        # retain 2: an actor takes process 0's newest, then asks here for that version, which the
+        # learner may have moved past meanwhile
+        server = WeightServer(where, ctx=ctx, keys=keys, key_name="actors.keys_dir", retain=2).start()
+        distributed.global_state.client.key_value_set(f"{_WEIGHTS_KEY}/{pid}", server.endpoint)
+        make = functools.partial(ShardStream, dtype=self.out_dtype, bucket_bytes=_bucket_bytes(actors_cfg))
+
+        def publish(meta, params):
+            server.publish_source(meta["version"], make(params, ParamLayout(params).paths))
+
+        return (server, ctx), publish
+
     def follow(self, params, train_step, checkpointer, arrays_of: Callable, sft=None,
-               save_params: Callable[[str, Any], None] | None = None) -> dict:
-        """Runs what process 0 sends until it stops; returns a one-line summary."""
+               save_params: Callable[[str, Any], None] | None = None, actors_cfg=None, run_dir: str = "") -> dict:
+        """Runs what process 0 sends until it stops; returns a one-line summary. actors_cfg,
+        run_dir: where this process serves its pieces of the weights to actor processes, when
+        streams_weights(actors_cfg)."""
         calls = {"save_params": lambda meta, p: save_params(meta["run_dir"], p)}
+        server = None
+        if actors_cfg is not None and run_dir and self.streams_weights(actors_cfg):
+            server, calls["publish"] = self._serve_pieces(actors_cfg, run_dir)
         follower = Follower(self.group, self.layout, train_step, params, checkpointer, arrays_of, sft, calls)
         try:
             final = follower.run()
         finally:
             if not follower.checkpointer_closed:
                 checkpointer.close()
+            if server is not None:
+                server[0].stop(2.0)
+                server[1].destroy(linger=0)
         return {"process_id": self.group.process_id, "steps": int(final.step),
                 "commands": follower.channel.commands}

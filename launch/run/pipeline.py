@@ -57,7 +57,8 @@ class Pipeline:
 
     def __init__(self, cfg, run_dir: str, task, stream, ledger: SampleLedger, batch_size: int,
                  weights: InProcessWeights, engine, restored_groups, progress, config_dict: dict, scorer=None,
-                 supervisor: ActorSupervisor | None = None, remote_params=None):
+                 supervisor: ActorSupervisor | None = None, remote_params=None, shard_stream=None,
+                 weights_shards: tuple[str, ...] = ()):
         a = cfg.actors
         restored_groups = list(restored_groups)
         # on_change: the dispatcher re-checks waiting actors at once (the server is built below,
@@ -82,18 +83,22 @@ class Pipeline:
                              "connect to the run; the default (ipc://, in the run directory) admits only yours")
         self.weight_server = WeightServer(weights_listen, ctx=self.ctx, keys=self.keys, key_name="actors.keys_dir") \
             if listen else None
+        # shard_stream(params, paths, version) -> a WeightSource: a sharded learner's weights go out in buckets
+        # of its shards (learner/weight_stream.py); None: whole arrays (a one-device learner)
+        self.shard_stream = shard_stream
         if self.weight_server is not None:
             params, version = weights.latest()
             # remote_params: what actor processes get instead (a LoRA run's adapters; see publish)
             params = params if remote_params is None else remote_params
             self.layout = ParamLayout(params)
-            self.weight_server.publish(version, lambda: self.layout.named(params))
+            self._serve(version, params)
         settings = DispatchSettings(
             group_size=cfg.learner.group_size, heartbeat_seconds=a.heartbeat_seconds,
             heartbeat_timeout_seconds=a.heartbeat_timeout_seconds,
             liveness_timeout_seconds=a.liveness_timeout_seconds, queue_size=a.queue_size,
             concurrency=a.prompts_per_call, config=config_dict,
             weights_endpoint=self.weight_server.endpoint if self.weight_server else "",
+            weights_shards=tuple(weights_shards),  # the other learner processes' pieces (shard_stream)
             # what a group may hold (protocols/group_checks.py): the learner's rows are built for these
             max_completion_tokens=completion_budget(cfg, task),
             vocab_size=getattr(getattr(engine, "model_cfg", None), "vocab_size", 0),
@@ -216,9 +221,15 @@ class Pipeline:
         LoRA run's adapters, which the process merges into its own copy of the base)."""
         served = params if remote is None else remote
         if self.weight_server is not None:  # first: the dispatcher may grant `version` right after
-            self.weight_server.publish(version, lambda: self.layout.named(served))
+            self._serve(version, served)
         self.weights.publish(params, version)
         self.server.wake()
+
+    def _serve(self, version: int, served) -> None:
+        if self.shard_stream is not None:
+            self.weight_server.publish_source(version, self.shard_stream(served, self.layout.paths, version))
+        else:
+            self.weight_server.publish(version, lambda: self.layout.named(served))
 
     @property
     def version(self) -> int:
@@ -242,6 +253,8 @@ class Pipeline:
             raise PipelineStopped(self._failures[0])
         if self.server.error is not None:
             raise PipelineStopped(f"dispatcher failed: {self.server.error!r}") from self.server.error
+        if self.weight_server is not None and self.weight_server.error is not None:
+            raise PipelineStopped(f"weight server failed: {self.weight_server.error!r}") from self.weight_server.error
 
     def metrics(self) -> dict:
         out = self.server.metrics()

@@ -165,7 +165,8 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     # LoRA: the final params are merged on the mesh by every process, then written
     save_params = save_merged(train_step, artifacts.save_params) if lora_base else artifacts.save_params
     if not procs.group.is_leader:  # params0: the group's first params generation (LoRA: base + adapters)
-        return procs.follow(params0, train_step, checkpointer, arrays_of, sft_step, save_params)
+        return procs.follow(params0, train_step, checkpointer, arrays_of, sft_step, save_params,
+                            actors_cfg=None if _actor_threads(cfg) else cfg.actors, run_dir=run_dir)
     train_step, checkpointer, sft_step = procs.lead(params0, train_step, checkpointer, sft_step)
     for note in plan_notes:  # a mesh the configured rows do not split over: re-planned, not refused
         progress.message(f"re-planned for data x fsdp = {rows} row devices: {note}")
@@ -205,6 +206,11 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
         train_step = wrap_train_step(train_step)
     return _Learner(policy, task, train_step, checkpointer, begin, state, engine, scorer, evaluate_params,
                     sft_metrics, L, learner_cfg, plan_notes, policy_params, lora_base, lora_policy)
+
+
+def _actor_threads(cfg: Config) -> bool:
+    """Actor threads in the learner's process (their built-in engine needs the whole model)."""
+    return cfg.actors.num_actors > 0 and not cfg.actors.processes
 
 
 def _after(first, then):
@@ -255,18 +261,25 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
     threads_drive_sglang = cfg.actors.engine == "sglang" and not cfg.actors.processes and cfg.actors.num_actors > 0
     actor_engine = sglang_engine(cfg, policy, cfg.actors.sglang.work_dir or os.path.join(run_dir, "sglang"),
                                  procs.fetch) if threads_drive_sglang else learner.engine
-    # [sharded learner] actors get whole weights (an SGLang sync in this process fetches them itself)
-    publish = procs.publisher(whole=not threads_drive_sglang)
-    lora_run = learner.lora is not None
-    if lora_run:  # actor threads get base + adapters merged, whole (every engine and weight sync as before)
-        remote = learner.lora.whole_adapters(state.params)  # actor processes: the adapters alone
+    # [sharded learner] actor threads get whole weights (an SGLang sync in this process fetches
+    # them itself); with no actor threads here, actor processes fetch buckets of the shards
+    # (learner/weight_stream.py) and nothing in this process needs the whole model
+    stream = None if _actor_threads(cfg) else procs.shard_stream(cfg.actors)
+    publish = procs.publisher(whole=not threads_drive_sglang and stream is None)
+    # LoRA with actor threads: they get base + adapters merged, whole, and actor processes the whole
+    # adapters alone (LoraWeights). Streamed from the shards, a LoRA run publishes as any other:
+    # the adapters are the params, and actor processes merge them into their own base.
+    lora_run = learner.lora is not None and stream is None
+    if lora_run:
+        remote = learner.lora.whole_adapters(state.params)
         first = learner.lora.merged(remote)
     else:
         remote, first = None, publish(state.params)
     pipe = Pipeline(cfg, run_dir, learner.task, begin.stream, begin.ledger, course.batch_size,
                     InProcessWeights(first, begin.step0),
                     actor_engine, list(begin.ledger.queued.values()), progress, to_dict(cfg), learner.scorer,
-                    supervisor=early, remote_params=remote)
+                    supervisor=early, remote_params=remote, shard_stream=stream,
+                    weights_shards=procs.weights_shards() if stream is not None else ())
     if course.concurrency is not None and course.concurrency != cfg.actors.prompts_per_call:
         pipe.set_concurrency(course.concurrency)  # a resumed run: where the controller had moved it
     clock = begin.clock

@@ -7,7 +7,7 @@ import zmq
 
 from cadence.protocols.errors import ProtocolError
 from cadence.protocols.messages import TensorSpec
-from cadence.protocols.weights_wire import WeightClient, WeightServer, from_frames, to_frames
+from cadence.protocols.weights_wire import WeightClient, WeightServer, fetch_all, from_frames, to_frames
 
 
 def arrays(seed=0):
@@ -65,3 +65,171 @@ def test_actors_get_the_newest_version_and_each_version_is_built_once():
         c.close()
     server.stop()
     ctx.destroy(linger=0)
+
+
+class Pieces:
+    """A WeightSource as a sharded learner's is: each array cut into row blocks, in buckets."""
+
+    def __init__(self, named, rows, per_bucket):
+        self.named = named
+        pieces = [(p, a[lo:lo + rows], [lo] + [0] * (a.ndim - 1), a.shape)
+                  for p, a in named for lo in range(0, len(a), rows)]
+        self._buckets = [pieces[i:i + per_bucket] for i in range(0, len(pieces), per_bucket)]
+        self.buckets = len(self._buckets)
+        self.built = []
+
+    def bucket(self, k):
+        self.built.append(k)
+        return [(p, a.copy(), o, w) for p, a, o, w in self._buckets[k]]
+
+
+def grid(seed):
+    rng = np.random.default_rng(seed)
+    return [("['w']", rng.standard_normal((10, 3)).astype(np.float32)),
+            ("['b']", rng.standard_normal(7).astype(ml_dtypes.bfloat16))]
+
+
+def test_a_version_streamed_in_buckets_is_assembled_exactly_and_built_one_bucket_at_a_time():
+    ctx = zmq.Context()
+    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx, chunk_bytes=16).start()
+    try:
+        source = Pieces(grid(1), rows=3, per_bucket=2)
+        assert source.buckets == 4
+        server.publish_source(1, source)
+        clients = [WeightClient(server.endpoint, ctx=ctx, chunk_bytes=16) for _ in range(2)]
+        for c in clients:
+            v, got = c.fetch(-1, timeout=5)
+            assert v == 1 and [p for p, _ in got] == ["['w']", "['b']"]
+            for (p, a), (q, b) in zip(grid(1), got):
+                assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+            assert c.fetch(1, timeout=5) is None
+        # each bucket built when asked for, one at a time (clients in turn: each built again)
+        assert source.built == [0, 1, 2, 3] * 2 and server.sent == 2
+    finally:
+        for c in clients:
+            c.close()
+        server.stop()
+        ctx.destroy(linger=0)
+
+
+def test_a_transfer_keeps_its_version_when_a_newer_one_is_published_midway():
+    ctx = zmq.Context()
+    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
+    client = WeightClient(server.endpoint, ctx=ctx)
+    try:
+        first = Pieces(grid(1), rows=2, per_bucket=1)
+        server.publish_source(1, first)
+        real = first.bucket
+
+        def then_publish(k):  # the learner moves on while bucket 1 of version 1 is being sent
+            if k == 1:
+                server.publish_source(2, Pieces(grid(2), rows=2, per_bucket=1))
+            return real(k)
+
+        first.bucket = then_publish
+        v, got = client.fetch(-1, timeout=5)
+        assert v == 1 and all(a.tobytes() == b.tobytes() for (_, a), (_, b) in zip(grid(1), got))
+        v, got = client.fetch(1, timeout=5)
+        assert v == 2 and all(a.tobytes() == b.tobytes() for (_, a), (_, b) in zip(grid(2), got))
+    finally:
+        client.close()
+        server.stop()
+        ctx.destroy(linger=0)
+
+
+def test_pieces_that_do_not_tile_their_array_are_refused():
+    ctx = zmq.Context()
+    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
+    client = WeightClient(server.endpoint, ctx=ctx)
+    try:
+        a = np.arange(8, dtype=np.float32)
+        for version, pieces, match in (
+                (1, [("x", a[:4], [0], [8])], "cover 4 of its 8"),
+                (2, [("x", a[:4], [0], [8]), ("x", a[2:6], [2], [8]), ("x", a[6:], [6], [8])], "overlap"),
+                (3, [("x", a[:4], [6], [8])], "does not fit")):
+            source = Pieces([], 1, 1)
+            source.buckets, source.bucket = 1, lambda k, p=pieces: p
+            server.publish_source(version, source)
+            with pytest.raises(ProtocolError, match=match):
+                client.fetch(-1, timeout=5)
+    finally:
+        client.close()
+        server.stop()
+        ctx.destroy(linger=0)
+
+
+def test_big_buckets_sent_zero_copy_are_released_so_the_next_bucket_is_not_held_up():
+    # frames over ZeroMQ's copy threshold are sent from the arrays' own memory; the server drops a
+    # bucket before it builds the next, once ZeroMQ is done with it (a bucket it kept a reference
+    # to would never be done: each later bucket would wait RELEASE_WAIT_S)
+    ctx = zmq.Context()
+    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
+    client = WeightClient(server.endpoint, ctx=ctx)
+    try:
+        big = [("['w']", np.random.default_rng(0).standard_normal((8, 65536)).astype(np.float32))]
+        server.publish_source(1, Pieces(big, rows=2, per_bucket=1))  # 4 buckets of 512 KiB
+        v, got = client.fetch(-1, timeout=20)
+        assert v == 1 and got[0][1].tobytes() == big[0][1].tobytes()
+    finally:
+        client.close()
+        server.stop()
+        ctx.destroy(linger=0)
+
+
+class Half(Pieces):
+    """One learner process's pieces: the rows of each array from `lo` on (or before)."""
+
+    def __init__(self, named, upper):
+        super().__init__(named, rows=5, per_bucket=1)
+        self._buckets = [b for b in self._buckets if (b[0][2][0] >= 5) == upper]
+        self.buckets = len(self._buckets)
+
+
+def test_a_learner_of_two_processes_each_serving_its_pieces_is_fetched_whole_at_one_version():
+    import threading
+
+    ctx = zmq.Context()
+    servers = [WeightServer("tcp://127.0.0.1:0", ctx=ctx, retain=2).start() for _ in range(2)]
+    clients = [WeightClient(s.endpoint, ctx=ctx) for s in servers]
+    named = lambda v: [("['w']", np.full((10, 3), v, np.float32))]  # noqa: E731
+    try:
+        servers[0].publish_source(1, Half(named(1), upper=False))
+        # the other process publishes version 1 a little later: the client waits for it
+        late = threading.Timer(0.3, lambda: servers[1].publish_source(1, Half(named(1), upper=True)))
+        late.start()
+        v, got = fetch_all(clients, -1, timeout=10)
+        assert v == 1 and got[0][1].tobytes() == named(1)[0][1].tobytes()
+        # process 0 at 2 while the other has moved on to 3: it still serves 2 (retain=2)
+        servers[0].publish_source(2, Half(named(2), upper=False))
+        servers[1].publish_source(2, Half(named(2), upper=True))
+        servers[1].publish_source(3, Half(named(3), upper=True))
+        v, got = fetch_all(clients, 1, timeout=10)
+        assert v == 2 and got[0][1].tobytes() == named(2)[0][1].tobytes()
+        assert fetch_all(clients, 2, timeout=10) is None
+    finally:
+        for c in clients:
+            c.close()
+        for s in servers:
+            s.stop()
+        ctx.destroy(linger=0)
+
+
+def test_a_bucket_that_cannot_be_built_stops_the_server_with_its_error():
+    ctx = zmq.Context()
+    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
+    client = WeightClient(server.endpoint, ctx=ctx)
+    try:
+        source = Pieces(grid(1), rows=3, per_bucket=2)
+
+        def broken(k):
+            raise RuntimeError("Array has been deleted")
+
+        source.bucket = broken
+        server.publish_source(1, source)
+        with pytest.raises(TimeoutError):
+            client.fetch(-1, timeout=1)
+        assert isinstance(server.error, RuntimeError)  # Pipeline.health() fails the run with it
+    finally:
+        client.close()
+        server.stop()
+        ctx.destroy(linger=0)

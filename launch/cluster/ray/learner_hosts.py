@@ -71,7 +71,9 @@ class LearnerGroup:
         started = time.time()
         for i, h in enumerate(hosts):
             argv = ["-m", "cadence.launch.cli", "train", "--config", "{dir}/config.yaml", *overrides]
-            proc_env = {**env, multihost.ENV_PROCESS_ID: str(i)} if size > 1 else env
+            # each process's weight server binds its own node's address (multihost.ENV_WEIGHTS_HOST)
+            proc_env = {**env, multihost.ENV_PROCESS_ID: str(i),
+                        multihost.ENV_WEIGHTS_HOST: infos[i]["node_ip"]} if size > 1 else env
             ray.get(h.start.remote(argv, proc_env), timeout=HOST_TIMEOUT_S)
         group = cls(pg, hosts, size, started)
         group.infos = ray.get([h.info.remote() for h in hosts], timeout=HOST_TIMEOUT_S)
