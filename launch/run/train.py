@@ -18,6 +18,8 @@ import math
 import os
 import time
 
+import jax
+
 from cadence.actors.engine import JaxEngine
 from cadence.actors.env_runner import EnvRunner
 from cadence.actors.evaluation import evaluate_heldout
@@ -178,6 +180,9 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
                      f"batch {cfg.learner.batch_size} samples (G={G}) | max_staleness {cfg.actors.max_staleness}")
     # One engine for actor threads and evaluation: jitted calls are thread-safe, and sharing it means
     # the held-out eval runs the program the actors already compiled.
+    if cfg.engine.tensor_parallel > jax.local_device_count():  # known only once JAX runs here
+        raise ConfigError(f"engine.tensor_parallel: {cfg.engine.tensor_parallel} devices asked, but this process "
+                          f"has {jax.local_device_count()}")
     engine = JaxEngine(policy.model_cfg, policy.graphdef, cfg.engine, policy.tokenizer.eos_id, policy.tokenizer.pad_id)
     scorer = make_scorer(cfg.task, task, policy.tokenizer)  # rewards: worker pool, HTTP server or inline
     envs = EnvRunner.from_config(cfg.task) if is_multi_turn(task) else None  # the run's env limits

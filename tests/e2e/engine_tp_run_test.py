@@ -30,3 +30,12 @@ def test_an_actor_process_with_a_tensor_parallel_engine_samples_the_published_we
     assert "tensor-parallel over 4 cpu devices" in log, log
     versions = [m["step"] for m in read_metrics(run) if m.get("actor/proc-0/samples_per_second", 0) > 0]
     assert versions, "the actor process sent no samples"
+
+
+def test_more_tensor_parallel_devices_than_the_process_has_is_a_config_error(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    proc = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", f"run.dir={tmp_path / 'run'}",
+                           "run.steps=1", "engine.tensor_parallel=3", "learner.sft.steps=0", "run.progress=false"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "engine.tensor_parallel: 3 devices asked, but this process has 2" in proc.stderr
