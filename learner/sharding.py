@@ -266,6 +266,20 @@ def tree_bytes(tree) -> int:
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
+def live_device_bytes() -> dict[int, int]:
+    """{device id: bytes of every array alive now on it}, each buffer counted once (a global array
+    and a single-device view of one of its shards share the buffer): what a device holds while a
+    load or a publication runs (instrumentation for tests and benchmarks)."""
+    buffers = {}
+    for array in jax.live_arrays():
+        for shard in array.addressable_shards:
+            buffers[shard.device.id, shard.data.unsafe_buffer_pointer()] = shard.data.nbytes
+    held: dict[int, int] = {}
+    for (device, _), n in buffers.items():
+        held[device] = held.get(device, 0) + n
+    return held
+
+
 def gather(tree, layout: Layout | None, dtype: str | None = None):
     """The arrays whole on this process's first device (what the built-in engine and exports use),
     cast to dtype if given (float32 master weights published as the model's bfloat16).
