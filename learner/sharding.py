@@ -191,6 +191,13 @@ class Layout:
             optimizer, lambda _, s: s, abstract, params_shardings,
             transform_non_params=lambda _: self.replicated)
 
+    def trained_shardings(self, tree, optimizer: optax.GradientTransformation) -> tuple[Any, Any]:
+        """(shardings of `tree` by the logical names its leaves carry, shardings of optimizer's state
+        for it): for a trained tree other than the model's params (a LoRA run's adapters)."""
+        p = param_shardings(self.mesh, self.rules, tree)
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+        return p, self.opt_state(optimizer, p, abstract)
+
     def place(self, tree, shardings=None):
         """Puts host or single-device arrays on the mesh; every process keeps only its shards
         (each must hold the same full values, e.g. from the same seed or checkpoint)."""
