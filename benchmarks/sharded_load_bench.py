@@ -26,17 +26,6 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_CKPT = os.path.expanduser("~/.cache/cadence/smollm2-135m-instruct")
 
 
-def _device_bytes(jax) -> dict:
-    buffers = {}
-    for array in jax.live_arrays():
-        for shard in array.addressable_shards:
-            buffers[shard.device.id, shard.data.unsafe_buffer_pointer()] = shard.data.nbytes
-    held = collections.Counter()
-    for (device, _), n in buffers.items():
-        held[device] += n
-    return held
-
-
 def _phase(name: str, ckpt: str, repeats: int, measure: bool) -> dict:
     import jax
 
@@ -53,7 +42,7 @@ def _phase(name: str, ckpt: str, repeats: int, measure: bool) -> dict:
     peak = collections.Counter()
 
     def record(_name, _array):
-        for device, n in _device_bytes(jax).items():
+        for device, n in sharding.live_device_bytes().items():
             peak[device] = max(peak[device], n)
 
     def load(hook=None):

@@ -191,6 +191,13 @@ class Layout:
             optimizer, lambda _, s: s, abstract, params_shardings,
             transform_non_params=lambda _: self.replicated)
 
+    def trained_shardings(self, tree, optimizer: optax.GradientTransformation) -> tuple[Any, Any]:
+        """(shardings of `tree` by the logical names its leaves carry, shardings of optimizer's state
+        for it): for a trained tree other than the model's params (a LoRA run's adapters)."""
+        p = param_shardings(self.mesh, self.rules, tree)
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+        return p, self.opt_state(optimizer, p, abstract)
+
     def place(self, tree, shardings=None):
         """Puts host or single-device arrays on the mesh; every process keeps only its shards
         (each must hold the same full values, e.g. from the same seed or checkpoint)."""
@@ -264,6 +271,20 @@ def shard_bytes(tree, shardings) -> int:
 
 def tree_bytes(tree) -> int:
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def live_device_bytes() -> dict[int, int]:
+    """{device id: bytes of every array alive now on it}, each buffer counted once (a global array
+    and a single-device view of one of its shards share the buffer): what a device holds while a
+    load or a publication runs (instrumentation for tests and benchmarks)."""
+    buffers = {}
+    for array in jax.live_arrays():
+        for shard in array.addressable_shards:
+            buffers[shard.device.id, shard.data.unsafe_buffer_pointer()] = shard.data.nbytes
+    held: dict[int, int] = {}
+    for (device, _), n in buffers.items():
+        held[device] = held.get(device, 0) + n
+    return held
 
 
 def gather(tree, layout: Layout | None, dtype: str | None = None):

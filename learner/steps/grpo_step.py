@@ -260,10 +260,8 @@ class GRPOTrainStep:
         logical names they carry: A like its kernel's input axis, B like its output axis) and the
         frozen base's (the layout's). Returns the adapters' shardings."""
         layout = self.layout
-        p, pb = sharding.param_shardings(layout.mesh, layout.rules, adapters), layout.params
+        (p, o), pb = layout.trained_shardings(adapters, self.optimizer), layout.params
         b, r = layout.batch, layout.replicated
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), adapters)
-        o = layout.opt_state(self.optimizer, p, abstract)
         donate_apply = self._donate_apply
         self._zeros = jax.jit(lambda params: jax.tree.map(jnp.zeros_like, params), in_shardings=(p,), out_shardings=p)
         self._init_opt = jax.jit(functools.partial(sharding.init_opt_state, self.optimizer),
@@ -301,11 +299,7 @@ class GRPOTrainStep:
             return ()
         if not self.dropout:
             return proximal, self._base
-        return proximal, self._base, None if noise is None else self._int_vector(noise)
-
-    def _int_vector(self, values) -> jax.Array:
-        host = np.asarray(values, np.int32)
-        return jnp.asarray(host) if self.layout is None else jax.device_put(host, self.layout.replicated)
+        return proximal, self._base, None if noise is None else int_vector(noise, self.layout)
 
     def accumulate_gradients(
         self, params, microbatches: Sequence[Microbatch], num_tokens: int, proximal=None, packed=None,
@@ -449,7 +443,8 @@ class GRPOTrainStep:
             fused, extra = ((self._accumulate_apply, ()) if proximal is None
                             else (self._accumulate_apply_proximal, (proximal[0],)))
             if self.lora is not None:
-                extra = self._lora_args(None if proximal is None else proximal[0], noise and (*noise, 0))
+                extra = self._lora_args(None if proximal is None else proximal[0],
+                                        None if noise is None else (*noise, 0))
             new_params, opt_state, grad_norm, stats = fused(
                 params, state.opt_state, self._zeros(params), packed[0], n, s, *extra)
             per_mb = [stats]
@@ -491,6 +486,13 @@ class GRPOTrainStep:
         }
         fused = size(self._accumulate_apply, self._accumulate_apply_proximal)
         return {**sizes, "accumulate_apply": fused} if fused else sizes
+
+
+def int_vector(values, layout: sharding.Layout | None) -> jax.Array:
+    """A small int32 vector argument of a jitted step (a dropout key's step, minibatch,
+    microbatch), replicated over the layout's mesh when there is one."""
+    host = np.asarray(values, np.int32)
+    return jnp.asarray(host) if layout is None else jax.device_put(host, layout.replicated)
 
 
 def master_copy(params):

@@ -52,7 +52,8 @@ from cadence.learner.algorithms.logprobs import chunked_token_logprobs
 from cadence.learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from cadence.learner.config import LearnerConfig
 from cadence.learner.models import lora
-from cadence.learner.steps.grpo_step import WholeBatch, _sum_squares, check_temperature, count_sequences, master_copy
+from cadence.learner.steps.grpo_step import (WholeBatch, _sum_squares, check_temperature, count_sequences, int_vector,
+                                              master_copy)
 
 
 class PPOState(NamedTuple):
@@ -124,9 +125,8 @@ class PPOTrainStep:
         o = lay.opt_state(self.optimizer)
         frozen = ()
         if adapters is not None:
-            p = sharding.param_shardings(lay.mesh, lay.rules, adapters)
+            p, o = lay.trained_shardings(adapters, self.optimizer)
             abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), adapters)
-            o = lay.opt_state(self.optimizer, p, abstract)
             frozen = (lay.params, r) if self.dropout else (lay.params,)  # (base[, noise])
             if "trunk" in critic_abstract:
                 critic_abstract = {**critic_abstract, "trunk": abstract}
@@ -329,7 +329,7 @@ class PPOTrainStep:
         grads = self._zeros((state.params, state.critic_params))
         per_mb = []
         for i, (p, prep) in enumerate(zip(packed, prepared)):
-            noise = (self._int_vector((state.step, 0, i)),) if self.dropout else ()
+            noise = (int_vector((state.step, 0, i), self.layout),) if self.dropout else ()
             grads, stats = self._accumulate(state.params, state.critic_params, grads, p, prep,
                                             normalizers, *frozen, *noise)
             per_mb.append(stats)
@@ -376,10 +376,6 @@ class PPOTrainStep:
     def metric_keys(self) -> tuple[str, ...]:
         """Names of the additive loss metrics (known after the first update)."""
         return self._metric_keys or ()
-
-    def _int_vector(self, values) -> jax.Array:
-        host = np.asarray(values, np.int32)
-        return jnp.asarray(host) if self.layout is None else jax.device_put(host, self.layout.replicated)
 
     def policy_params(self, params):
         """The policy `params` (a state's) stand for, as the plain model's params: LoRA merges

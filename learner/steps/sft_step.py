@@ -132,9 +132,7 @@ class SFTStep:
         adapters, self._base = lora_lib.split(params)
         if self.layout is not None:  # the adapters' own shardings (A like its kernel's input axis, B its output)
             lay = self.layout
-            p = sharding.param_shardings(lay.mesh, lay.rules, adapters)
-            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), adapters)
-            o, r = lay.opt_state(self.optimizer, p, abstract), lay.replicated
+            (p, o), r = lay.trained_shardings(adapters, self.optimizer), lay.replicated
             rows = Microbatch(*([lay.batch] * len(Microbatch._fields)))
             self._update = jax.jit(self._update_impl, in_shardings=(p, o, rows, lay.params),
                                    out_shardings=(p, o, r))

@@ -31,19 +31,6 @@ MESHES = {"fsdp4": MeshConfig(fsdp=4), "fsdp2_tensor2": MeshConfig(fsdp=2, tenso
           "data2_fsdp2": MeshConfig(data=2, fsdp=2)}
 
 
-def device_bytes() -> dict:
-    """Bytes of live arrays per device: every buffer of every array alive now, each counted once
-    (a global array and a single-device view of one of its shards share the buffer)."""
-    buffers = {}
-    for array in jax.live_arrays():
-        for shard in array.addressable_shards:
-            buffers[shard.device.id, shard.data.unsafe_buffer_pointer()] = shard.data.nbytes
-    held = collections.Counter()
-    for (device, _), n in buffers.items():
-        held[device] += n
-    return held
-
-
 def main(ckpt: str) -> None:
     assert len(jax.devices()) == 4
     for dtype in ("float32", "bfloat16"):
@@ -56,7 +43,7 @@ def main(ckpt: str) -> None:
             def record(_name, array):
                 nonlocal largest
                 largest = max(largest, array.nbytes)
-                for device, n in device_bytes().items():
+                for device, n in sharding.live_device_bytes().items():
                     peak[device] = max(peak[device], n)
 
             _, params = hf_load.load_params(ckpt, cfg, layout.params, on_tensor=record)
@@ -66,7 +53,7 @@ def main(ckpt: str) -> None:
             del params
             # the old way: the whole model on the default device, then placed by the layout
             _, whole = hf_load.load_params(ckpt, cfg)
-            before_place = max(device_bytes().values())
+            before_place = max(sharding.live_device_bytes().values())
             same = all(np.array_equal(a, np.asarray(b), equal_nan=True)
                        for a, b in zip(sharded, jax.tree.leaves(whole)))
             del whole
