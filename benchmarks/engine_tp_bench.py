@@ -42,22 +42,14 @@ from cadence.learner.models import llama  # noqa: E402
 from cadence.learner.models.config import ModelConfig  # noqa: E402
 from cadence.learner.sharding import tree_bytes  # noqa: E402
 
-# Llama-shaped (RMSNorm, RoPE, SwiGLU, GQA). "small": a CPU size; 8b/70b: Llama-3-8B / 70B shapes.
+from model_shapes import SHAPES, peak_bytes  # noqa: E402
+
+# "tiny" and "small": CPU sizes; the rest real checkpoints' shapes (model_shapes.py)
 PRESETS = {
     "tiny": dict(vocab_size=256, d_model=128, n_layers=2, n_heads=8, n_kv_heads=4, d_ff=512),
     "small": dict(vocab_size=4096, d_model=512, n_layers=4, n_heads=8, n_kv_heads=8, d_ff=2048),
-    "1.5b": dict(vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, d_ff=8960),
-    "8b": dict(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
-               tie_embeddings=False),
-    "70b": dict(vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672,
-                tie_embeddings=False),
+    "1.5b": SHAPES["qwen2.5-1.5b"], "8b": SHAPES["llama3-8b"], "70b": SHAPES["llama3-70b"],
 }
-
-
-def peak_bytes(devices) -> int | None:
-    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices]
-    peaks = [p for p in peaks if p is not None]
-    return max(peaks) if peaks else None
 
 
 def run_tp(cfg: ModelConfig, tp: int, args, prompts) -> tuple[dict, np.ndarray]:

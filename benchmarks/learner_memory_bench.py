@@ -23,9 +23,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from learner_scale_bench import PRESETS, make_groups  # noqa: E402
+from model_shapes import SHAPES as REAL  # noqa: E402
 
-SHAPES = {**PRESETS, "smollm2": dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
-                                     d_ff=1536)}
+SHAPES = {**PRESETS, "smollm2": REAL["smollm2-135m"]}
 
 
 def resident_mb() -> tuple[int, int]:

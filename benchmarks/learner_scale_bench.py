@@ -47,15 +47,12 @@ from cadence.learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
 from cadence.learner.steps.scoring import llama_logits  # noqa: E402
 from cadence.protocols.testing import rollout_group  # noqa: E402
 
-# Llama-shaped (RMSNorm, RoPE, SwiGLU, GQA, tied embeddings) at the sizes of Qwen2.5-0.5B / 1.5B.
+from model_shapes import SHAPES, peak_bytes  # noqa: E402,F401  (peak_bytes: rl_loop_bench imports it from here)
+
+# "tiny": a CPU size; the rest real checkpoints' shapes (model_shapes.py)
 PRESETS = {
     "tiny": dict(vocab_size=256, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=512),
-    "0.5b": dict(vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, d_ff=4864),
-    "1.5b": dict(vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, d_ff=8960),
-    # Qwen2.5-14B's shape: bf16 params 29.5 GB, with float32 Adam moments and gradients ~180 GB of
-    # training state, more than one H100 or H200 holds (the 8-GPU part of benchmarks/gpu_check.sh)
-    "14b": dict(vocab_size=152064, d_model=5120, n_layers=48, n_heads=40, n_kv_heads=8, d_ff=13824,
-                tie_embeddings=False),
+    "0.5b": SHAPES["qwen2.5-0.5b"], "1.5b": SHAPES["qwen2.5-1.5b"], "14b": SHAPES["qwen2.5-14b"],
 }
 PEAK_TFLOPS = {"NVIDIA H200": 989.0, "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA A100-SXM4-80GB": 312.0}
 
@@ -75,12 +72,6 @@ def make_groups(batch: int, group: int, seq_len: int, vocab: int, seed: int = 0,
         out.append(rollout_group(f"p{i}", "bench", prompt, comps, [[-1.0] * len(c) for c in comps],
                                  [float(rng.random() < 0.5) for _ in comps], 0))
     return out
-
-
-def peak_bytes() -> int | None:
-    stats = [d.memory_stats() or {} for d in jax.local_devices()]
-    peaks = [s.get("peak_bytes_in_use") for s in stats if s.get("peak_bytes_in_use") is not None]
-    return max(peaks) if peaks else None
 
 
 def load_into_mesh(ckpt: str, mcfg: ModelConfig, layout) -> dict:
