@@ -146,7 +146,8 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     """Model, train step, checkpointer and the state to start from (restored or warmed up), for
     the task preflight built (a dataset is read once). A following process of a sharded learner
     runs its whole part here and returns its summary."""
-    policy = build_policy(cfg, procs.layout)  # [sharded learner] params on the mesh
+    # [sharded learner] params on the mesh; the tokenizer preflight loaded for the task (not twice)
+    policy = build_policy(cfg, procs.layout, task.tokenizer)
     graphdef, params0, lora_base = _lora_model(cfg, policy, procs)  # LoRA: base joined with adapters
     L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
     rows = procs.layout.rows if procs.layout else 1

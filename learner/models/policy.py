@@ -42,21 +42,22 @@ def resolve_model_config(model_cfg: ModelConfig) -> ModelConfig:
     return model_cfg
 
 
-def build_policy(cfg, layout=None) -> Policy:
+def build_policy(cfg, layout=None, tokenizer=None) -> Policy:
     """cfg: the whole launch Config (model section plus the learner's init seed).
 
     layout: a learner.sharding.Layout: the params come out on its mesh (a random init is built
     shard by shard on the devices; a checkpoint's tensors are read slice by slice, each process
     reading only what its devices hold, and placed straight onto their shards).
+    tokenizer: this model's, already loaded (the run's preflight did, for its task); else loaded here.
     """
     if cfg.model.path:
         from cadence.learner.models.hf_load import load_checkpoint
 
         model_cfg, graphdef, params = load_checkpoint(cfg.model.path, cfg.model,
                                                       None if layout is None else layout.params)
-        return Policy(model_cfg, graphdef, params, load_tokenizer(model_cfg))
+        return Policy(model_cfg, graphdef, params, tokenizer or load_tokenizer(model_cfg))
     graphdef, params = init_params(cfg.model, cfg.learner.seed, None if layout is None else layout.params)
-    return Policy(cfg.model, graphdef, params, CharTokenizer())
+    return Policy(cfg.model, graphdef, params, tokenizer or CharTokenizer())
 
 
 def policy_skeleton(cfg) -> Policy:

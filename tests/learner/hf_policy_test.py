@@ -36,6 +36,18 @@ def test_build_policy_loads_checkpoint_model_and_tokenizer(ckpt, tmp_path):
     assert (tmp_path / "out" / "tokenizer.json").is_file()
 
 
+def test_build_policy_takes_the_tokenizer_preflight_loaded_for_the_task(ckpt, monkeypatch):
+    # a run loads the checkpoint's tokenizer once (preflight, for its task) and the policy encodes with it
+    cfg = load_config(overrides=[f"model.path={ckpt}", "task.name=jsonl",
+                                 "task.path=actors/tasks/data/math_sample.jsonl",
+                                 "task.heldout_size=2", "engine.max_new_tokens=80"])
+    task = preflight(cfg).task
+    loads = []
+    monkeypatch.setattr(HFTokenizer, "__init__", lambda self, *a: loads.append(a))
+    policy = build_policy(cfg, tokenizer=task.tokenizer)
+    assert policy.tokenizer is task.tokenizer and loads == []
+
+
 def test_default_policy_is_still_the_tiny_char_model():
     policy = build_policy(load_config())
     assert policy.model_cfg == ModelConfig() and type(policy.tokenizer).__name__ == "CharTokenizer"
