@@ -119,11 +119,15 @@ def _grouped_attention(q, k, v, allowed, kv: int, k_spec: str, v_spec: str) -> j
     """Grouped-query attention of q [B, T, H, Dh] over keys and values laid out as the einsum
     specs say (k_spec, v_spec: their subscripts with b, s, k (KV head), d); [B, T, H * Dh]."""
     b, t, h, dh = q.shape
-    q = q.reshape(b, t, kv, h // kv, dh)  # [B, T, KV, G, Dh]
-    scores = jnp.einsum(f"btkgd,{k_spec}->bkgts", q, k).astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))
+    out_dtype = q.dtype
+    # a cache held narrower than the compute dtype (engine.kv_dtype): the products run in its dtype
+    # with float32 accumulation, so the cache is read as stored, never converted whole each step
+    wide = {} if k.dtype == q.dtype else {"preferred_element_type": jnp.float32}
+    q = q.reshape(b, t, kv, h // kv, dh).astype(k.dtype)  # [B, T, KV, G, Dh]
+    scores = jnp.einsum(f"btkgd,{k_spec}->bkgts", q, k, **wide).astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))
     scores = jnp.where(allowed[:, None, None], scores, _MASKED_SCORE)  # [B, KV, G, T, S]
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum(f"bkgts,{v_spec}->btkgd", probs, v)  # [B, T, KV, G, Dh]
+    out = jnp.einsum(f"bkgts,{v_spec}->btkgd", probs, v, **wide).astype(out_dtype)  # [B, T, KV, G, Dh]
     return out.reshape(b, t, h * dh)
 
 
@@ -473,9 +477,10 @@ def token_logprobs(graphdef, params, tokens, positions, mask, *, temperature=1.0
     return jnp.concatenate([jnp.zeros_like(logp[:, :1]), logp], axis=1)
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
-    """An empty cache with ``max_len`` slots per row, in the compute dtype."""
-    dt = _dtype(cfg.compute_dtype)
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str = "") -> KVCache:
+    """An empty cache with ``max_len`` slots per row, in ``dtype`` ("": the compute dtype). Keys and
+    values are rounded to it when written; attention reads them back as they are stored."""
+    dt = _dtype(dtype or cfg.compute_dtype)
     k = tuple(jnp.zeros((batch, cfg.n_kv_heads, max_len, cfg.head_dim), dt) for _ in range(cfg.n_layers))
     v = tuple(jnp.zeros((batch, cfg.n_kv_heads, cfg.head_dim, max_len), dt) for _ in range(cfg.n_layers))
     return KVCache(k, v, jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))

@@ -241,6 +241,7 @@ def test_bad_inputs_are_rejected(model, engine):
         ({"batch_buckets": ()}, "batch_buckets"),
         ({"batch_buckets": (16, 8)}, "batch_buckets"),
         ({"prompt_bucket": 0}, "prompt_bucket"),
+        ({"kv_dtype": "int8"}, "kv_dtype"),
     ],
 )
 def test_engine_config_validate_names_the_field(change, field):
@@ -303,3 +304,39 @@ def test_sample_step_is_sample_token_plus_nucleus_log_mass(top_p, greedy):
     want_km = nucleus_log_mass(logits, jnp.float32(0.8), jnp.float32(top_p), jnp.bool_(greedy))
     np.testing.assert_allclose(np.asarray(km), np.asarray(want_km), atol=1e-6)
     assert np.all(np.asarray(km) < 0) == (top_p < 1 and not greedy)
+
+
+# ---- the KV cache's dtype (engine.kv_dtype) ----
+
+
+def test_a_bfloat16_cache_holds_half_the_bytes_and_stays_near_the_learner(model, engine):
+    import ml_dtypes
+
+    graphdef, params, logprobs, _ = model
+    cache = llama.init_cache(MODEL, 2, 8, "bfloat16")
+    assert all(k.dtype == jnp.bfloat16 for k in cache.k + cache.v)
+    tokens = jnp.asarray([[3, 4, 5], [3, 6, 7]], jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(3, dtype=jnp.int32), (2, 3))
+    _, filled = llama.prefill(graphdef, params, cache, tokens, positions, jnp.ones((2, 3), bool))
+    _, whole = llama.prefill(graphdef, params, llama.init_cache(MODEL, 2, 8), tokens, positions, jnp.ones((2, 3), bool))
+    assert all(a.dtype == jnp.bfloat16 for a in filled.k + filled.v)
+    # layer 0's keys and values come before any attention: exactly the float32 ones, rounded
+    for a, b in ((filled.k[0], whole.k[0]), (filled.v[0], whole.v[0])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b).astype(ml_dtypes.bfloat16))
+    for a, b in zip(filled.k[1:] + filled.v[1:], whole.k[1:] + whole.v[1:]):  # later layers: near them
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), rtol=3e-2, atol=3e-2)
+
+    default = engine.generate(params, PROMPTS, jax.random.key(1), greedy=True)
+    f32 = JaxEngine(MODEL, graphdef, EngineConfig(max_new_tokens=6, kv_dtype="float32"), eos_id=NO_EOS, pad_id=PAD)
+    same = f32.generate(params, PROMPTS, jax.random.key(1), greedy=True)
+    np.testing.assert_array_equal(same.tokens, default.tokens)  # float32 is the compute dtype: no change
+    np.testing.assert_array_equal(same.logprobs, default.logprobs)
+    bf16 = JaxEngine(MODEL, graphdef, EngineConfig(max_new_tokens=6, kv_dtype="bfloat16"), eos_id=NO_EOS, pad_id=PAD)
+    result = bf16.generate(params, PROMPTS, jax.random.key(1))
+    tokens, positions, mask, completion = _right_padded(PROMPTS, result)
+    learner = np.asarray(logprobs(params, tokens, positions, mask))
+    engine_lp = np.zeros_like(learner)
+    for r, p in enumerate(PROMPTS):
+        engine_lp[r, len(p) : len(p) + result.lengths[r]] = result.logprobs[r, : result.lengths[r]]
+    diff = np.abs(np.where(completion, engine_lp - learner, 0.0)).max()
+    assert 0 < diff <= 5e-2, diff  # rounding keys, values and attention weights moves them, a little
