@@ -1,0 +1,38 @@
+"""Held-out evaluation as work for an actor process (run.eval_on=actors), through the real CLI: the
+process evaluates at step 0, every run.eval_every steps and at the end, and its numbers for the
+final weights are exactly what the learner's own engine gives for them (greedy decoding)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import cadence
+from cadence.launch.evaluate import evaluate
+from cadence.launch.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_an_actor_process_evaluates_and_its_numbers_equal_the_learner_s(tmp_path):
+    run = str(tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", f"run.dir={run}", "run.steps=6",
+                          "run.eval_every=3", "run.eval_on=actors", "actors.processes=1", "learner.sft.steps=30",
+                          "task.heldout_size=32", "run.progress=false"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    evals = [m for m in read_metrics(run) if "eval/reward" in m]
+    assert [m["step"] for m in evals] == [0, 3, 6]
+    # eval/generate_seconds: the actor process's engine time, which only its evaluation reports
+    assert all(m["eval/generate_seconds"] > 0 and m["eval/seconds"] >= m["eval/generate_seconds"] for m in evals)
+    # the final weights, evaluated by the learner's built-in engine in this process
+    mine = evaluate(cadence.load_config([os.path.join(run, "config.yaml")]), run).metrics
+    theirs = summary["final_eval"]
+    assert {k: theirs[k] for k in mine} == mine, (theirs, mine)
+    assert set(theirs) - set(mine) == {"eval/seconds", "eval/generate_seconds"}
+    assert 0 < mine["eval/reward"] < 1
