@@ -325,7 +325,7 @@ class Dispatcher:
             self._expel(rec, reason, error)
 
     def _expel(self, rec: ActorRecord, reason: str, error: bool) -> None:
-        if self.evals.release(rec.actor_id):  # its evaluation chunk goes to the next actor that asks
+        if self.evals.release(rec.actor_id, reason if error else ""):  # its chunk goes to the next actor that asks
             self.counts["eval_reissued"] += 1
         ids = [pid for grant in rec.grants.values() for pid in grant]
         if ids:

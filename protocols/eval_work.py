@@ -10,7 +10,9 @@ The held-out set is split into `parts` chunks (at least one per live actor); eac
 most one chunk at a time, and a chunk whose actor dies, hangs or leaves is handed to the next
 idle actor, as the dispatcher re-issues training prompts. Each chunk has its own id, so an answer
 from an actor declared gone (or from an earlier evaluation) is recognised as late and dropped.
-When every prompt has its score, `on_done(job)` runs (on the dispatcher's thread).
+When every prompt has its score, `on_done(job)` runs (on the dispatcher's thread); also when
+actors holding its chunks failed MAX_FAILURES times (a reward or held-out set that breaks on every
+actor would otherwise be retried forever while the learner waits): `job.failed` then says why.
 
 Pure bookkeeping like protocols/dispatch.py: no sockets, no threads, no clock.
 """
@@ -23,6 +25,8 @@ import math
 from typing import Callable
 
 from cadence.protocols.messages import EvalGrant, EvalResult
+
+MAX_FAILURES = 3  # actors that failed holding a chunk of one evaluation before it fails
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +55,8 @@ class EvalJob:
     generate_seconds: float = 0.0  # the actors' engine time, summed over chunks
     num_tokens: int = 0
     done: bool = False
+    failures: list[str] = dataclasses.field(default_factory=list)  # why actors holding a chunk failed
+    failed: str = ""  # set when the evaluation gave up (MAX_FAILURES)
 
     def ordered(self) -> list[PromptScore]:
         """The scores in the held-out order the job was started with."""
@@ -125,16 +131,25 @@ class EvalWork:
             job.on_done(job)
         return ""
 
-    def release(self, actor_id: str) -> bool:
-        """The actor is gone: the chunk it held (if any) goes back, first in line. True if it held one."""
+    def release(self, actor_id: str, error: str = "") -> bool:
+        """The actor is gone: the chunk it held (if any) goes back, first in line. True if it held one.
+        error: why, if it failed (MAX_FAILURES of them end the evaluation)."""
         if not self.active:
             return False
-        held = self.job.held.pop(actor_id, None)
+        job = self.job
+        held = job.held.pop(actor_id, None)
         if held is None:
             return False
-        self.job.pending.appendleft(held[1])
-        self.job.reissued += 1
+        job.pending.appendleft(held[1])
+        job.reissued += 1
         self.reissued += 1
+        if error:
+            job.failures.append(f"{actor_id}: {error}")
+            if len(job.failures) >= MAX_FAILURES:
+                job.failed = (f"{len(job.failures)} actors failed evaluating version {job.version}; "
+                              f"the last: {job.failures[-1]}")
+                job.done = True
+                job.on_done(job)
         return True
 
     def cancel(self) -> None:

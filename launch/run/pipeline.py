@@ -272,6 +272,8 @@ class Pipeline:
                 self.server.call(lambda core: core.evals.cancel() or [])
         with self.server.lock:
             job = self.server.core.evals.job
+            if job.failed:
+                raise PipelineStopped(f"held-out evaluation on the actors: {job.failed}")
             scores = [Score(p.reward, p.exact_match, p.metrics, p.error) for p in job.ordered()]
             engine_seconds, reissued = job.generate_seconds, job.reissued
         metrics = heldout_metrics(scores, prompts)

@@ -183,3 +183,19 @@ def test_over_zeromq_a_closed_client_s_chunk_is_finished_by_the_other(ctx):
         for c in clients:
             c.close()
         server.stop()
+
+
+def test_an_evaluation_that_fails_on_every_actor_ends_naming_the_last_error():
+    r = Rig()
+    r.start()
+    for n in range(3):
+        peer = (0, f"p{n}".encode())
+        r.hello(peer, f"p{n}")
+        (_, g), = r.ask(peer, f"p{n}")
+        assert isinstance(g, EvalGrant) and not r.done
+        r.core.handle(peer, Goodbye(actor_id=f"p{n}", reason=f"ValueError: broken reward {n}", error=True), 0.0)
+    (job,) = r.done
+    assert job.failed.startswith("3 actors failed evaluating version 3") and "broken reward 2" in job.failed
+    r.hello(A, "a")
+    (_, g), = r.ask(A, "a")
+    assert isinstance(g, Grant)  # training goes on being handed out (the learner decides to stop)
