@@ -36,3 +36,42 @@ def test_an_actor_process_evaluates_and_its_numbers_equal_the_learner_s(tmp_path
     assert {k: theirs[k] for k in mine} == mine, (theirs, mine)
     assert set(theirs) - set(mine) == {"eval/seconds", "eval/generate_seconds"}
     assert 0 < mine["eval/reward"] < 1
+
+
+SHIFTED = '''
+import dataclasses, sys
+from cadence.actors.tasks.registry import make_task
+
+
+class Shifted:
+    """The sort task, except that in an actor process its held-out set starts one prompt later:
+    the actor's held-out prompts are not the learner's (as with another task config or data)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def heldout(self):
+        prompts = self._inner.heldout()
+        return prompts[1:] if "actor" in sys.argv else prompts
+
+
+def make(cfg, tokenizer):
+    return Shifted(make_task(dataclasses.replace(cfg, name="sort"), tokenizer))
+'''
+
+
+def test_an_evaluation_that_fails_on_every_actor_ends_the_run_naming_the_actor_s_error(tmp_path):
+    (tmp_path / "shifted_task.py").write_text(SHIFTED)
+    run = str(tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
+    out = subprocess.run([sys.executable, "-m", "cadence.launch.cli", "train", f"run.dir={run}", "run.steps=3",
+                          "task.name=shifted_task:make", "run.eval_on=actors", "actors.processes=1",
+                          "actors.restart_backoff_seconds=0.1", "learner.sft.steps=0", "task.heldout_size=8",
+                          "run.progress=false"],
+                         capture_output=True, text=True, env=env, timeout=300)  # retried forever: would time out
+    assert out.returncode != 0
+    assert "held-out evaluation on the actors: 3 actors failed evaluating version 0" in out.stderr, out.stderr[-3000:]
+    assert "the actor's task config or data differ from the learner's" in out.stderr
