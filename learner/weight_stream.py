@@ -62,6 +62,8 @@ class ShardStream:
                 size = 0
             self._buckets[-1].append(piece)
             size += piece[-1]
+        if not self._buckets:  # this process holds no distinct piece (e.g. every array replicated
+            self._buckets.append([])  # on a mesh it does not divide): one empty bucket answers actors
         self.buckets = len(self._buckets)
         self.bucket_bytes = [sum(p[-1] for p in b) for b in self._buckets]
 

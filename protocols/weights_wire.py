@@ -22,8 +22,10 @@ into whole arrays and checks they tile each array exactly.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
+import traceback
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -110,7 +112,8 @@ class WeightServer:
     """Serves the newest published weights to any number of actors (see the module docstring)."""
 
     def __init__(self, endpoint: str, *, ctx: zmq.Context, keys: CurveKeys | None = None,
-                 chunk_bytes: int = 16 << 20, key_name: str = "actors.keys_dir", retain: int = 1):
+                 chunk_bytes: int = 16 << 20, key_name: str = "actors.keys_dir", retain: int = 1,
+                 on_error: Callable[[BaseException], None] | None = None):
         self.codec = Codec(1 << 20)
         self.chunk_bytes = chunk_bytes
         # versions served when asked for by number (a learner of several processes: the actor takes
@@ -134,6 +137,7 @@ class WeightServer:
         self.buckets_built = 0  # buckets materialised on the host (once per bucket while actors keep step)
         self.bad_messages = 0
         self.error: BaseException | None = None  # what stopped the server thread (the run fails on it)
+        self._on_error = on_error  # called on the server thread with it (where no loop reads .error)
 
     def start(self) -> "WeightServer":
         self._thread.start()
@@ -240,6 +244,11 @@ class WeightServer:
                 self._serve(peer, req)
             except Exception as e:  # e.g. a bucket that cannot be built: fail the run, not hang its actors
                 self.error = e
+                # said here too: a learner process that is not process 0 has no loop that reads .error
+                print(f"weight server {self.endpoint} stopped: {e!r}", file=sys.stderr, flush=True)
+                traceback.print_exc(file=sys.stderr)
+                if self._on_error is not None:
+                    self._on_error(e)
                 return
 
 

@@ -31,6 +31,7 @@ from cadence.learner.models.llama import abstract_params
 from cadence.learner.weight_stream import ShardStream
 
 STOP_GRACE_S = 60.0  # followers get this long to finish after process 0 exits
+WEIGHT_SERVER_FAILED = 70  # a learner process's exit status when its weight server failed (EX_SOFTWARE)
 _WEIGHTS_KEY = "cadence/weights"  # key-value store: each learner process's weight server
 
 
@@ -246,7 +247,11 @@ class LearnerProcesses:
         keys = CurveKeys.load(actors_cfg.keys_dir) if actors_cfg.keys_dir else None
         # retain 2: an actor takes process 0's newest, then asks here for that version, which the
         # learner may have moved past meanwhile
-        server = WeightServer(where, ctx=ctx, keys=keys, key_name="actors.keys_dir", retain=2).start()
+        # on_error: this process's main thread waits in a collective for process 0's next command and
+        # cannot notice; exiting makes process 0's next collective fail, so the run fails (or its
+        # launcher restarts the group) instead of actors waiting forever for pieces no one serves
+        server = WeightServer(where, ctx=ctx, keys=keys, key_name="actors.keys_dir", retain=2,
+                              on_error=lambda e: os._exit(WEIGHT_SERVER_FAILED)).start()
         distributed.global_state.client.key_value_set(f"{_WEIGHTS_KEY}/{pid}", server.endpoint)
         make = functools.partial(ShardStream, dtype=self.out_dtype, bucket_bytes=_bucket_bytes(actors_cfg))
 

@@ -233,3 +233,50 @@ def test_a_bucket_that_cannot_be_built_stops_the_server_with_its_error():
         client.close()
         server.stop()
         ctx.destroy(linger=0)
+
+
+def test_a_learner_process_holding_no_piece_answers_with_an_empty_transfer():
+    # e.g. a mesh of 3 that no array divides: every array is replicated and process 0 holds it
+    from cadence.learner.weight_stream import ShardStream
+
+    ctx = zmq.Context()
+    servers = [WeightServer("tcp://127.0.0.1:0", ctx=ctx, retain=2).start() for _ in range(2)]
+    clients = [WeightClient(s.endpoint, ctx=ctx) for s in servers]
+    named = [("['w']", np.arange(12, dtype=np.float32).reshape(4, 3))]
+    try:
+        nothing = ShardStream({}, [], dtype=None, bucket_bytes=1 << 20)
+        assert nothing.buckets == 1 and nothing.bucket(0) == []
+        servers[0].publish_source(1, Pieces(named, rows=4, per_bucket=1))
+        servers[1].publish_source(1, nothing)
+        v, got = fetch_all(clients, -1, timeout=10)
+        assert v == 1 and got[0][1].tobytes() == named[0][1].tobytes()
+        assert servers[1].error is None
+    finally:
+        for c in clients:
+            c.close()
+        for s in servers:
+            s.stop()
+        ctx.destroy(linger=0)
+
+
+def test_a_failed_server_calls_on_error_on_its_own_thread():
+    # a learner process other than 0 has no loop that reads .error: on_error exits it (learner_group)
+    import threading
+
+    ctx = zmq.Context()
+    seen = []
+    called = threading.Event()
+    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx,
+                          on_error=lambda e: (seen.append((e, threading.current_thread().name)), called.set())).start()
+    client = WeightClient(server.endpoint, ctx=ctx)
+    try:
+        source = Pieces(grid(1), rows=3, per_bucket=2)
+        source.bucket = lambda k: [][k]  # bucket 0 of none
+        server.publish_source(1, source)
+        with pytest.raises(TimeoutError):
+            client.fetch(-1, timeout=1)
+        assert called.wait(5) and isinstance(seen[0][0], IndexError) and seen[0][1] == "weight-server"
+    finally:
+        client.close()
+        server.stop()
+        ctx.destroy(linger=0)
