@@ -502,8 +502,10 @@ def _finish(cfg: Config, run_dir: str, learner: _Learner, state, preempted: bool
             summary["peft_adapter"] = lora.write_peft_adapter(adapters, cfg.learner.lora,
                                                               os.path.join(run_dir, "peft"), cfg.model.path)
         del params
-        summary["final_eval"] = summary.get("last_eval") or learner.evaluate_params(state.params) \
-            if learner.evaluate_params is not None else summary.get("last_eval") or {}
+        final = summary.get("last_eval")
+        if not final and learner.evaluate_params is not None:  # the actors' final one ran in _drive
+            final = learner.evaluate_params(state.params)
+        summary["final_eval"] = final or {}
     summary.pop("last_eval", None)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
