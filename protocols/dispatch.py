@@ -306,9 +306,10 @@ class Dispatcher:
                 continue
             stuck = now - rec.phase_since
             if (rec.grants or self.evals.holds(rec.actor_id)) and stuck > s.liveness_timeout_seconds:
+                held = f"{rec.in_flight} prompts in flight, e.g. {_first(rec.grants)}" if rec.grants \
+                    else "a chunk of the held-out evaluation"
                 detail = (f"actor {rec.actor_id} made no progress for {stuck:.0f} s while {rec.phase or 'busy'} "
-                          f"({rec.in_flight} prompts in flight, e.g. {_first(rec.grants)}; "
-                          f"actors.liveness_timeout_seconds={s.liveness_timeout_seconds:g})")
+                          f"({held}; actors.liveness_timeout_seconds={s.liveness_timeout_seconds:g})")
                 self._expel(rec, "hung", True)
                 out.append((rec.peer, Control(stop=True, reason=detail)))
                 self.on_hung(rec.actor_id, detail)

@@ -108,7 +108,8 @@ def test_the_chunk_of_an_actor_that_leaves_goes_silent_or_hangs_is_reissued(leav
             r.core.handle(A, Heartbeat(sender="a", phase="evaluating"), t)
             r.core.handle(B, Heartbeat(sender="b"), t)
         out = r.core.tick(26.0)
-        assert any(isinstance(m, Control) and m.stop for _, m in out)
+        (stop,) = [m for _, m in out if isinstance(m, Control) and m.stop]
+        assert "while evaluating (a chunk of the held-out evaluation;" in stop.reason
     assert "a" not in r.core.actors and r.core.counts["eval_reissued"] == 1
     (_, again), = r.ask(B, "b", now=26.0)
     assert isinstance(again, EvalGrant) and again.prompt_indices == first.prompt_indices
