@@ -7,6 +7,8 @@
     #             -> generate_rollouts (engine.generate, or multi-turn episodes: actors/episodes.py)
     #             -> score_rollouts (the task's reward, inline / worker pool / HTTP: actors/rewards/)
     #             -> client.send_groups
+    # or, when the learner evaluates on its actors, an EvalGrant: weights of exactly its version,
+    # greedy completions of those held-out prompts, scored -> client.send_eval (evaluate())
 
 The same loop runs as a thread in the learner's process (over `inproc://`, weights by reference)
 and in actor processes on any host (over `tcp://`, weights fetched as bytes): the dispatcher
@@ -33,9 +35,10 @@ import jax
 from cadence.actors.engine_api import Engine, GenerationAborted
 from cadence.actors.env_runner import EnvRunner
 from cadence.actors.episodes import build_groups, generate_rollouts
+from cadence.actors.evaluation import heldout_scores
 from cadence.actors.rewards import InlineScorer, Scorer, score_rollouts
 from cadence.actors.tasks.base import Prompt, Task
-from cadence.protocols.messages import EngineTimings, Grant, RolloutGroup
+from cadence.protocols.messages import EngineTimings, EvalGrant, EvalResult, Grant, RolloutGroup
 from cadence.protocols.transport import TransportClosed
 
 
@@ -79,6 +82,7 @@ class Actor:
         self.error: BaseException | None = None
         self.scorer = scorer if scorer is not None else InlineScorer(task)
         self.envs = envs
+        self._heldout: list[Prompt] | None = None  # task.heldout(), built at the first evaluation
 
     def set_concurrency(self, prompts_per_call: int) -> None:
         self.prompts_per_call = max(1, int(prompts_per_call))
@@ -132,6 +136,37 @@ class Actor:
         self.stats.tokens += out.generated_tokens
         return groups
 
+    def evaluate(self, grant: EvalGrant) -> EvalResult:
+        """Greedy completions of the granted held-out prompts with weights of exactly the granted
+        version, scored as the learner's own evaluation scores them (actors/evaluation.py)."""
+        if self._heldout is None:
+            self._heldout = list(self.task.heldout())
+        heldout = self._heldout
+        prompts = []
+        for i, want in zip(grant.prompt_indices, grant.prompt_ids):
+            if i >= len(heldout) or heldout[i].prompt_id != want:
+                have = heldout[i].prompt_id if i < len(heldout) else f"beyond its {len(heldout)} held-out prompts"
+                raise ValueError(f"{self.actor_id}: held-out prompt {i} is {have} here but {want} on the learner: "
+                                 "the actor's task config or data differ from the learner's")
+            prompts.append(heldout[i])
+        self._phase("weights")
+        self.weights.ensure(grant.version)
+        params, version = self.weights.latest()
+        # The learner waits for the evaluation, so the version granted is its newest: an engine
+        # holding weights of its own (SGLang) is brought to exactly it.
+        self.engine.sync_weights(params, version, min_version=grant.version)
+        self._phase("evaluating")
+        t0 = time.perf_counter()
+        scores, out = heldout_scores(self.engine, self.task, params, prompts, self.scorer, self.envs)
+        seconds = time.perf_counter() - t0
+        names = sorted({k for s in scores for k in s.metrics})
+        return EvalResult(eval_id=grant.eval_id, actor_id=self.actor_id, version=version,
+                          prompt_indices=list(grant.prompt_indices), rewards=[float(s.reward) for s in scores],
+                          exact_match=[None if s.exact_match is None else bool(s.exact_match) for s in scores],
+                          reward_errors=[s.error for s in scores],
+                          task_metrics={k: [float(s.metrics.get(k, 0.0)) for s in scores] for k in names},
+                          generate_seconds=seconds, num_tokens=out.generated_tokens)
+
     def warm_up(self) -> None:
         """An engine with weights of its own (SGLang) takes the newest weights before the first
         request for work, so no granted prompt waits while its servers start."""
@@ -164,6 +199,12 @@ class Actor:
                     self.weights.reset()  # the resumed run may be older than the weights we hold
                     if restarted:  # so may the weights our servers serve
                         self.engine.forget_weights()
+                if isinstance(grant, EvalGrant):  # held-out evaluation, handed out as work
+                    result = self.evaluate(grant)
+                    client.report(version=result.version)
+                    self._phase("sending")
+                    client.send_eval(result, grant)
+                    continue
                 prompts = self.prompts_for(grant)
                 self._phase("weights")
                 self.weights.ensure(grant.version)

@@ -7,6 +7,10 @@ answers (every Score carries exact_match; a completion whose scoring failed coun
 matching, so one failure never erases the metric run.stop_at_exact_match reads), eval/<name> for
 each metric the task's scores (or its environment's steps) report, and eval/reward_errors (how many
 held-out rewards failed; 0 when none did).
+
+The same numbers when the actors evaluate (a sharded learner hands the held-out prompts out as
+work, launch/run/pipeline.py): each actor runs `heldout_scores` on its chunk, and the learner
+aggregates all of them with `heldout_metrics`, as `evaluate_heldout` does here.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from cadence.actors.episodes import generate_rollouts
+from cadence.actors.episodes import Rollouts, generate_rollouts
 from cadence.actors.rewards.scoring import InlineScorer, Scorer, failures_as_misses, score_rollouts
 from cadence.actors.tasks.base import Completion, Prompt, Score, completion_text
 
@@ -43,11 +47,23 @@ def heldout_results(engine, task, params, prompts: Sequence[Prompt] | None = Non
                     scorer: Scorer | None = None, envs=None) -> Heldout:
     """evaluate_heldout, keeping each completion and score (to read, or to break down by kind)."""
     prompts = list(task.heldout() if prompts is None else prompts)
-    out = generate_rollouts(engine, params, task, prompts, jax.random.key(0), greedy=True, envs=envs)
-    scores = [s for group in score_rollouts(scorer or InlineScorer(task), task, prompts, out) for s in group]
+    scores, out = heldout_scores(engine, task, params, prompts, scorer, envs)
     scores = failures_as_misses(scores, has_reference=any(p.answer for p in prompts))
     completions = [Completion(tuple(ids), completion_text(task.tokenizer, ids)) for ids in out.tokens]
     return Heldout(task.name, _metrics(scores), prompts, completions, scores)
+
+
+def heldout_scores(engine, task, params, prompts: Sequence[Prompt], scorer: Scorer | None = None,
+                   envs=None) -> tuple[list[Score], Rollouts]:
+    """Greedy completions of `prompts` (the same key for every caller) and each one's Score as the
+    reward gave it; with the rollouts (token counts)."""
+    out = generate_rollouts(engine, params, task, prompts, jax.random.key(0), greedy=True, envs=envs)
+    return [s for group in score_rollouts(scorer or InlineScorer(task), task, prompts, out) for s in group], out
+
+
+def heldout_metrics(scores: Sequence[Score], prompts: Sequence[Prompt]) -> dict:
+    """The eval/* metrics of the held-out set's scores (in any order), failures counted as misses."""
+    return _metrics(failures_as_misses(scores, has_reference=any(p.answer for p in prompts)))
 
 
 def _metrics(scores: Sequence[Score]) -> dict:

@@ -28,6 +28,10 @@ class RunConfig:
     eval_every: int = 10  # held-out greedy evaluation every this many updates (0 = only at the end)
     eval_every_samples: int = 0  # if > 0: evaluate each time this many more samples were consumed instead (steady while B changes)
     stop_at_exact_match: float = 0.0  # stop early once held-out exact match reaches this (0 = never)
+    # where held-out evaluation runs: "learner" (its built-in engine, the whole model on process 0),
+    # "actors" (work for the actor processes, any engine: the learner never gathers the model),
+    # "auto" (actors when there are actor processes and the learner is sharded, else learner)
+    eval_on: Literal["auto", "learner", "actors"] = "auto"
     max_samples: int = 0  # stop once updates have consumed this many samples (0 = no limit)
     progress: bool = True  # print a progress line per evaluation / every few steps
     resume: Literal["no", "auto", "yes"] = "no"  # continue from run.dir's newest checkpoint (auto: if any)
@@ -171,9 +175,19 @@ class Config:
                               "the SGLang engine does not report; use 'full' or actors.engine=jax")
         if self.learner.batch_size % self.learner.group_size:
             raise ConfigError("learner.batch_size: must be a multiple of learner.group_size")
+        if self.run.eval_on == "actors" and not actor_processes(self.actors):
+            raise ConfigError(f"run.eval_on: 'actors' needs actor processes (actors.processes > 0, or "
+                              f"actors.num_actors=0 with actors joining at actors.listen); this run has "
+                              f"{self.actors.num_actors} actor threads and no actor processes")
         if self.learner.minibatches > 1 and self.controller.enabled:
             # The noise-scale estimate reads one accumulated gradient per batch.
             raise ConfigError("learner.minibatches: the batch-size controller needs 1 update per batch")
+
+
+def actor_processes(actors) -> bool:
+    """Whether the run's actors are processes (its own, or ones that join at actors.listen, as under
+    `cadence launch ray`) rather than threads in the learner's process."""
+    return bool(actors.processes) or actors.num_actors == 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,10 @@ protocol either way) speak to it like this:
     RolloutGroup(grant_id)  ->                     ledger: in_flight -> queued; to the learner
     Heartbeat (both ways, every heartbeat_seconds; the actor's says what it is doing)
     Goodbye                 ->                     its in-flight prompts go back to the stream
+    (held-out evaluation, when the learner asks for one: protocols/eval_work.py)
+    WorkRequest(n)          ->                     an evaluation's chunk waits: it goes first
+                            <-    EvalGrant(v)     greedy completions of those held-out prompts
+    EvalResult(scores)      ->                     collected; the learner is told when all are in
 
 An actor silent for heartbeat_timeout_seconds, or stuck in one phase with prompts in flight for
 liveness_timeout_seconds, is declared gone: its prompts go back to the stream (re-issued first)
@@ -39,10 +43,12 @@ from collections import Counter
 from typing import Any, Callable
 
 from cadence.protocols.admission import AdmissionGate
+from cadence.protocols.eval_work import EvalJob, EvalWork
 from cadence.protocols.group_checks import GrantedPrompts, GroupLimits, check_group
 from cadence.protocols.ledger import SampleLedger
 from cadence.protocols.messages import (
     Control,
+    EvalResult,
     Goodbye,
     Grant,
     Heartbeat,
@@ -140,6 +146,7 @@ class Dispatcher:
         self.counts: Counter = Counter()  # joined, gone/<reason>, reissued, late_groups, resets
         self.retired = Counter()  # samples/tokens/groups of actors no longer live
         self._last_heartbeat = 0.0
+        self.evals = EvalWork(self.session)  # held-out evaluation handed out as work
 
     # -- messages -------------------------------------------------------------------------------
     def handle(self, peer: Peer, msg: Any, now: float) -> list[tuple[Peer, Any]]:
@@ -163,6 +170,8 @@ class Dispatcher:
             return self._grant(rec)
         if isinstance(msg, RolloutGroup):
             return self._group(rec, msg)
+        if isinstance(msg, EvalResult):
+            return self._eval_result(rec, msg)
         if isinstance(msg, Heartbeat):
             if msg.phase != rec.phase:
                 rec.phase, rec.phase_since = msg.phase, now - msg.phase_seconds
@@ -219,12 +228,22 @@ class Dispatcher:
         self.deliver(group)
         return []
 
+    def _eval_result(self, rec: ActorRecord, result: EvalResult) -> list[tuple[Peer, Any]]:
+        bad = self.evals.answer(rec.actor_id, result)
+        if not bad:
+            return []
+        self.counts["bad_eval_results"] += 1
+        return self._cut_off(rec, f"actor {rec.actor_id} sent a bad evaluation result ({bad}); disconnected")
+
     def _bad_group(self, rec: ActorRecord, group: RolloutGroup, reason: str, detail: str) -> list[tuple[Peer, Any]]:
         """Reject, count, and cut the sender off: expelled (its prompts, this one included, go back to
         the stream), told to stop, and nothing more read from its connection."""
         self.counts[f"bad_groups/{reason}"] += 1
         text = f"actor {rec.actor_id} sent a bad group for {group.prompt_id!r} ({reason}: {detail}); disconnected"
-        self._expel(rec, f"bad group ({reason})", True)
+        return self._cut_off(rec, text, f"bad group ({reason})")
+
+    def _cut_off(self, rec: ActorRecord, text: str, reason: str = "bad evaluation result") -> list[tuple[Peer, Any]]:
+        self._expel(rec, reason, True)
         self.banned[rec.peer] = None
         if len(self.banned) > MAX_BANNED:
             del self.banned[next(iter(self.banned))]
@@ -235,6 +254,10 @@ class Dispatcher:
     def _grant(self, rec: ActorRecord) -> list[tuple[Peer, Any]]:
         if rec.wanted <= 0:
             return []
+        evaluation = self.evals.take(rec.actor_id)  # a waiting evaluation chunk goes first
+        if evaluation is not None:
+            rec.wanted = 0
+            return [(rec.peer, evaluation)]
         if self.settings.queue_size and len(self.ledger.queued) >= self.settings.queue_size:
             return []  # backpressure: the learner is behind; granted again once it takes a batch
         G = self.settings.group_size
@@ -256,6 +279,14 @@ class Dispatcher:
                                  prompt_ids=[p.prompt_id for p in prompts], version=version,
                                  min_version=min_version, session=self.session))]
 
+    def start_eval(self, version: int, indices: list[int], prompt_ids: list[str], parts: int,
+                   on_done: Callable[[EvalJob], None]) -> list[tuple[Peer, Any]]:
+        """Hand out held-out evaluation of `version` as work: in at least `parts` chunks (one per
+        live actor, if more), each to the next actor that asks for work. on_done(job) runs here
+        once every prompt has its score."""
+        self.evals.start(version, indices, prompt_ids, max(parts, len(self.actors)), on_done)
+        return self.regrant()
+
     def regrant(self) -> list[tuple[Peer, Any]]:
         """Retry waiting requests (call when the gate moved: a batch taken, a version published)."""
         out = []
@@ -274,10 +305,11 @@ class Dispatcher:
                 self._expel(rec, f"no heartbeat for {silent:.1f} s", False)
                 continue
             stuck = now - rec.phase_since
-            if rec.grants and stuck > s.liveness_timeout_seconds:
+            if (rec.grants or self.evals.holds(rec.actor_id)) and stuck > s.liveness_timeout_seconds:
+                held = f"{rec.in_flight} prompts in flight, e.g. {_first(rec.grants)}" if rec.grants \
+                    else "a chunk of the held-out evaluation"
                 detail = (f"actor {rec.actor_id} made no progress for {stuck:.0f} s while {rec.phase or 'busy'} "
-                          f"({rec.in_flight} prompts in flight, e.g. {_first(rec.grants)}; "
-                          f"actors.liveness_timeout_seconds={s.liveness_timeout_seconds:g})")
+                          f"({held}; actors.liveness_timeout_seconds={s.liveness_timeout_seconds:g})")
                 self._expel(rec, "hung", True)
                 out.append((rec.peer, Control(stop=True, reason=detail)))
                 self.on_hung(rec.actor_id, detail)
@@ -294,6 +326,8 @@ class Dispatcher:
             self._expel(rec, reason, error)
 
     def _expel(self, rec: ActorRecord, reason: str, error: bool) -> None:
+        if self.evals.release(rec.actor_id, reason if error else ""):  # its chunk goes to the next actor that asks
+            self.counts["eval_reissued"] += 1
         ids = [pid for grant in rec.grants.values() for pid in grant]
         if ids:
             with self.ledger.lock:
@@ -328,6 +362,8 @@ class Dispatcher:
         out = {"actors/alive": len(self.actors), "actors/reissued": self.counts["reissued"],
                "actors/late_groups": self.counts["late_groups"], "actors/gone": self.counts["gone"],
                "actors/joined": self.counts["joined"]}
+        if self.evals.job is not None:  # a run that evaluates on its actors
+            out.update({"actors/eval_reissued": self.counts["eval_reissued"], "actors/eval_late_results": self.evals.late})
         out.update({f"actors/{k}": n for k, n in self.counts.items()
                     if k.startswith(("groups/", "bad_groups/"))})  # actors/groups/sglang, actors/bad_groups/group_size
         for rec in self.actors.values():

@@ -7,6 +7,9 @@
         ...generate and score...
         client.send_groups(groups, grant)                          # dropped if the session changed
 
+The answer to a request may also be an EvalGrant (held-out prompts to evaluate greedily with one
+weights version, protocols/eval_work.py): the worker answers it with `send_eval(result, grant)`.
+
 One I/O thread owns the DEALER socket: it sends what the worker queued, answers with Hello until
 welcomed, sends a Heartbeat every heartbeat_seconds whatever the worker is doing (with the phase it
 reported via `phase()`), and watches the learner: silence for learner_timeout_seconds or a Reset
@@ -29,6 +32,8 @@ from cadence.protocols.codec import Codec
 from cadence.protocols.errors import ProtocolError
 from cadence.protocols.messages import (
     Control,
+    EvalGrant,
+    EvalResult,
     Goodbye,
     Grant,
     Heartbeat,
@@ -105,8 +110,9 @@ class DispatcherClient:
         if engine_stats is not None:
             self.engine_stats = dict(engine_stats)
 
-    def request(self, n: int, stop: threading.Event, timeout: float | None = None) -> Grant | None:
-        """Ask for up to n prompt groups and wait for the grant. None if `stop` is set, the learner
+    def request(self, n: int, stop: threading.Event, timeout: float | None = None) -> Grant | EvalGrant | None:
+        """Ask for up to n prompt groups and wait for the grant (or an evaluation's chunk, which the
+        dispatcher hands out first). None if `stop` is set, the learner
         told us to stop, the session changed while waiting, or after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self.phase("idle")
@@ -129,7 +135,14 @@ class DispatcherClient:
                 return None
         return None
 
-    def current(self, grant: Grant) -> bool:
+    def send_eval(self, result: EvalResult, grant: EvalGrant) -> bool:
+        """Queue an evaluation's scores; False (nothing sent) if the grant's session is over."""
+        if not self.current(grant):
+            return False
+        self._queue(result)
+        return True
+
+    def current(self, grant: Grant | EvalGrant) -> bool:
         """Is the grant still the learner's (no restart or reset since)?"""
         return bool(self.session) and grant.session == self.session
 
@@ -275,7 +288,7 @@ class DispatcherClient:
                 self.heartbeat_seconds = msg.heartbeat_seconds
                 self.learner_timeout_seconds = msg.heartbeat_timeout_seconds or self.learner_timeout_seconds
                 self._welcomed.set()
-            elif isinstance(msg, Grant):
+            elif isinstance(msg, (Grant, EvalGrant)):
                 self.learner_version = max(self.learner_version, msg.version)
                 self._grants.put(msg)
             elif isinstance(msg, Heartbeat):

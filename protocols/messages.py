@@ -431,6 +431,65 @@ class Grant(_Message, kw_only=True, tag="grant"):
         _check_at_least("Grant", 0, version=self.version)
 
 
+class EvalGrant(_Message, kw_only=True, tag="eval_grant"):
+    """Held-out evaluation as work: greedy completions of these held-out prompts (the actor builds
+    task.heldout() itself; index i is its i-th prompt) with exactly weights `version`, scored
+    by the task's reward and answered with one EvalResult."""
+
+    eval_id: str  # the EvalResult that answers it carries this id
+    prompt_indices: list[int]  # positions in the task's held-out set
+    prompt_ids: list[str]  # the matching prompt ids, checked by the actor against its task
+    version: int  # the weights version to evaluate (the learner's newest while it waits)
+    session: str  # the learner session that issued it: work of an older session is void
+
+    def validate(self) -> None:
+        _check_nonempty("EvalGrant", eval_id=self.eval_id, prompt_indices=self.prompt_indices,
+                        session=self.session)
+        if len(self.prompt_indices) != len(self.prompt_ids):
+            raise InvalidMessage(f"EvalGrant.prompt_ids: has {len(self.prompt_ids)} ids for "
+                                 f"{len(self.prompt_indices)} prompt_indices")
+        if min(self.prompt_indices) < 0:
+            raise InvalidMessage(f"EvalGrant.prompt_indices: must be >= 0, got {min(self.prompt_indices)}")
+        _check_at_least("EvalGrant", 0, version=self.version)
+
+
+class EvalResult(_Message, kw_only=True, tag="eval_result"):
+    """One EvalGrant's scores, per prompt in the grant's order: the reward, exact match (None: the
+    task has no reference answer), the task's own metrics and why scoring failed ("" if it did
+    not), as the task's Score had them before the learner's aggregation (actors/evaluation.py)."""
+
+    eval_id: str
+    actor_id: str
+    version: int  # the weights version the completions came from
+    prompt_indices: list[int]  # the grant's, in its order
+    rewards: list[float]
+    exact_match: list[bool | None]
+    reward_errors: list[str]
+    task_metrics: dict[str, list[float]] = {}  # a metric some prompts lack is 0.0 there (as the mean reads it)
+    generate_seconds: float = 0.0  # engine time of the grant
+    num_tokens: int = 0  # completion tokens generated
+
+    def validate(self) -> None:
+        _check_nonempty("EvalResult", eval_id=self.eval_id, prompt_indices=self.prompt_indices)
+        _check_at_least("EvalResult", 0, version=self.version, num_tokens=self.num_tokens)
+        n = len(self.prompt_indices)
+        for field in ("rewards", "exact_match", "reward_errors"):
+            if len(getattr(self, field)) != n:
+                raise InvalidMessage(f"EvalResult.{field}: has {len(getattr(self, field))} entries for "
+                                     f"{n} prompt_indices")
+        i = next((i for i, r in enumerate(self.rewards) if not math.isfinite(r)), None)
+        if i is not None:
+            raise InvalidMessage(f"EvalResult.rewards[{i}]: must be finite, got {self.rewards[i]}")
+        for key, values in self.task_metrics.items():
+            if len(values) != n:
+                raise InvalidMessage(f"EvalResult.task_metrics[{key!r}]: has {len(values)} entries for "
+                                     f"{n} prompt_indices")
+            if not all(map(math.isfinite, values)):
+                raise InvalidMessage(f"EvalResult.task_metrics[{key!r}]: values must be finite")
+        if not (math.isfinite(self.generate_seconds) and self.generate_seconds >= 0):
+            raise InvalidMessage(f"EvalResult.generate_seconds: must be finite and >= 0, got {self.generate_seconds}")
+
+
 class Heartbeat(_Message, kw_only=True, tag="heartbeat"):
     """Either side is alive. An actor also says what it is doing (for liveness and metrics)."""
 
@@ -465,6 +524,6 @@ class Reset(_Message, kw_only=True, tag="reset"):
 
 
 Message = RolloutGroup | WeightsPublished | WeightsRequest | Control | Hello | Welcome | WorkRequest \
-    | Grant | Heartbeat | Goodbye | Reset
+    | Grant | Heartbeat | Goodbye | Reset | EvalGrant | EvalResult
 MESSAGE_TYPES: tuple[type, ...] = (RolloutGroup, WeightsPublished, WeightsRequest, Control, Hello, Welcome,
-                                   WorkRequest, Grant, Heartbeat, Goodbye, Reset)
+                                   WorkRequest, Grant, Heartbeat, Goodbye, Reset, EvalGrant, EvalResult)

@@ -178,7 +178,9 @@ def local_sglang(cfg, sglang_urls: tuple[str, ...], log=lambda text: None):
         raise ValueError("actors.sglang.launch_python: this host has no SGLang python to launch servers with; "
                          "set $CADENCE_SGLANG_PYTHON here, or attach running servers with --sglang-url URL")
     actors = dataclasses.replace(cfg.actors, processes=0, num_actors=1, sglang=sg)
-    return dataclasses.replace(cfg, actors=actors)
+    # where evaluation runs is the learner's choice (an EvalGrant says it); this one-actor view has
+    # no actor processes, so run.eval_on=actors would not validate here
+    return dataclasses.replace(cfg, actors=actors, run=dataclasses.replace(cfg.run, eval_on="auto"))
 
 
 @dataclasses.dataclass

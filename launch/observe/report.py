@@ -121,7 +121,7 @@ def _short(d: dict) -> str:
 
 
 TASK_SECTION = "The task's own metrics"
-_FIXED = {p[1] for p in PANELS} | {"eval/reward_errors"}
+_FIXED = {p[1] for p in PANELS} | {"eval/reward_errors", "eval/seconds", "eval/generate_seconds", "eval/reissued_chunks"}
 
 
 def task_panels(runs: list[dict]) -> list[tuple]:

@@ -4,6 +4,7 @@
     pipe.start()                    # dispatcher thread; actor threads or processes; listener for more
     loop = LearnerLoop(train_step, pipe.queue, pipe.gate, pipe, ...)   # pipe.publish(params, v) each step
     ...
+    metrics = pipe.evaluate(version)   # held-out evaluation as work for the actor processes
     pipe.stop(deadline, finished)   # actors leave; prompts still in flight stay in the ledger
 
 Actors are threads in this process (`actors.processes=0`, the default) or processes started and
@@ -29,7 +30,8 @@ import zmq
 
 from cadence.actors.actor_loop import Actor
 from cadence.actors.env_runner import EnvRunner
-from cadence.actors.tasks.base import is_multi_turn
+from cadence.actors.evaluation import heldout_metrics
+from cadence.actors.tasks.base import Score, is_multi_turn
 from cadence.launch.artifacts import ENDPOINT_FILE
 from cadence.launch.cluster.supervisor import ActorSupervisor
 from cadence.launch.config import completion_budget
@@ -67,6 +69,9 @@ class Pipeline:
                                          steps_taken=weights.version,
                                          issued=cfg.learner.group_size * len(restored_groups))
         self.cfg, self.run_dir, self.progress = a, run_dir, progress
+        self.task = task
+        self._heldout = None  # task.heldout(), built at the first evaluate()
+        self._aborted = threading.Event()  # a stop signal came: an evaluation in progress gives up
         self.weights, self.engine = weights, engine
         self.queue = InProcessTransport()  # groups for the learner
         for g in restored_groups:  # buffered trajectories, in their original order
@@ -212,6 +217,7 @@ class Pipeline:
 
     def abort(self) -> None:
         """On a stop signal: cut in-flight generation short (SGLang requests) instead of finishing it."""
+        self._aborted.set()
         if self.engine is not None:
             self.engine.abort()
 
@@ -234,6 +240,48 @@ class Pipeline:
     @property
     def version(self) -> int:
         return self.weights.version
+
+    def evaluate(self, version: int) -> dict:
+        """Held-out evaluation of weights `version` as work for the actors: the dispatcher hands
+        the held-out prompts out in chunks (first, before training prompts), each actor generates
+        greedily with exactly that version and scores with the task's reward, and this waits for
+        every chunk (re-issued when its actor dies or hangs). The eval/* metrics of
+        actors/evaluation.py, plus eval/seconds (wall time) and eval/generate_seconds (the actors'
+        engine time). `version` must be the newest published: the learner waits meanwhile.
+
+        Raises PipelineStopped if the generation side fails meanwhile; returns {} if a stop signal
+        came (the run checkpoints and exits instead of evaluating)."""
+        if version != self.version:
+            raise ValueError(f"evaluate: version {version} is not the newest published ({self.version})")
+        if self._heldout is None:
+            self._heldout = list(self.task.heldout())
+        prompts = self._heldout
+        t0 = time.monotonic()
+        done = threading.Event()
+        self.server.call(lambda core: core.start_eval(version, list(range(len(prompts))),
+                                                      [p.prompt_id for p in prompts], self.cfg.processes,
+                                                      on_done=lambda job: done.set()))
+        try:
+            while not done.wait(0.05):
+                self.health()
+                if self._aborted.is_set() or self.stop_event.is_set():
+                    self.progress.message(f"held-out evaluation of version {version}: given up, the run is stopping")
+                    return {}
+        finally:
+            if not done.is_set():  # answers still on their way are dropped as late
+                self.server.call(lambda core: core.evals.cancel() or [])
+        with self.server.lock:
+            job = self.server.core.evals.job
+            if job.failed:
+                raise PipelineStopped(f"held-out evaluation on the actors: {job.failed}")
+            scores = [Score(p.reward, p.exact_match, p.metrics, p.error) for p in job.ordered()]
+            engine_seconds, reissued = job.generate_seconds, job.reissued
+        metrics = heldout_metrics(scores, prompts)
+        metrics["eval/seconds"] = time.monotonic() - t0
+        metrics["eval/generate_seconds"] = engine_seconds
+        if reissued:
+            metrics["eval/reissued_chunks"] = reissued
+        return metrics
 
     def set_concurrency(self, c: int) -> None:
         self.server.call(lambda core: core.control_all(Control(concurrency=int(c))))

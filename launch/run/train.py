@@ -29,7 +29,7 @@ from cadence.actors.tasks.base import is_multi_turn
 from cadence.launch import artifacts, compile_cache
 from cadence.launch.run import run_state
 from cadence.launch.config_loader import ConfigError, to_dict
-from cadence.launch.config import Config, preflight, seq_len as config_seq_len
+from cadence.launch.config import Config, actor_processes, preflight, seq_len as config_seq_len
 from cadence.launch.cluster.learner_group import LearnerProcesses  # [sharded learner]
 from cadence.launch.run.lifecycle import Lifecycle
 from cadence.launch.run.lora_policy import LoraPolicy, LoraWeights, save_merged
@@ -130,7 +130,7 @@ class _Learner:
     state: object  # the train state at begin.step0
     engine: JaxEngine  # actor threads and evaluation share it
     scorer: object
-    evaluate_params: object  # params -> eval metrics
+    evaluate_params: object  # params -> eval metrics (None: the actors evaluate; see eval_on_actors)
     sft_metrics: dict
     seq_len: int
     learner_cfg: object  # cfg.learner with the rows re-planned for this mesh (learner/row_plan.py)
@@ -139,6 +139,7 @@ class _Learner:
     policy_params: object = None
     lora_base: dict | None = None  # LoRA: the frozen base's path and sha256 (checkpoint meta)
     lora: LoraPolicy | None = None  # LoRA: the whole base on process 0, and how adapters join it
+    eval_on_actors: bool = False  # held-out evaluation is work for the actor processes (Pipeline.evaluate)
 
 
 def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: str, resuming: bool,
@@ -208,10 +209,35 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
         policy_params, evaluate_params = lora_policy, _after(lora_policy, evaluate_whole)
     else:
         policy_params, evaluate_params = (lambda params: params), procs.on_whole(evaluate_whole)  # [sharded learner]
+    on_actors = _eval_on_actors(cfg, procs)
+    if on_actors:  # the actor processes evaluate: nothing here gathers the model (Pipeline.evaluate)
+        evaluate_params = None
+        progress.message("held-out evaluation: work for the actor processes (run.eval_on="
+                         f"{cfg.run.eval_on})")
+    else:
+        evaluate_params = _timed(evaluate_params)
     if wrap_train_step is not None:
         train_step = wrap_train_step(train_step)
     return _Learner(policy, task, train_step, checkpointer, begin, state, engine, scorer, evaluate_params,
-                    sft_metrics, L, learner_cfg, plan_notes, policy_params, lora_base, lora_policy)
+                    sft_metrics, L, learner_cfg, plan_notes, policy_params, lora_base, lora_policy, on_actors)
+
+
+def _eval_on_actors(cfg: Config, procs: LearnerProcesses) -> bool:
+    """run.eval_on: "auto" is the actors when they are processes and the learner is sharded (its
+    own evaluation would gather the whole model onto process 0), the learner otherwise."""
+    if cfg.run.eval_on != "auto":
+        return cfg.run.eval_on == "actors"
+    return actor_processes(cfg.actors) and (procs.layout is not None or procs.group.distributed)
+
+
+def _timed(evaluate):
+    """evaluate, adding eval/seconds (how long it took) to its metrics."""
+    def timed(params):
+        t0 = time.monotonic()
+        metrics = evaluate(params)
+        return {**metrics, "eval/seconds": time.monotonic() - t0}
+
+    return timed
 
 
 def _actor_threads(cfg: Config) -> bool:
@@ -248,6 +274,8 @@ class _Run:
     on_step: object  # (step, state, metrics) -> stop?: the recorder's, the first record noting a re-plan
     sinks: object  # launch.observe.sinks: metrics.jsonl, loggers, Prometheus, heartbeat
     actor_engine: object  # the JaxEngine, or SGLang servers this process drives
+    evaluate: object  # params -> eval metrics: the learner's own engine, or work for the actors
+    record0: dict | None = None  # a new run's step-0 record, written once the actors evaluated it
 
 
 def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Learner, progress: Progress,
@@ -291,13 +319,14 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
     clock = begin.clock
     # metrics.jsonl + run.loggers + Prometheus, and the heartbeat `cadence status` reads (launch/observe/sinks.py)
     sinks = open_sinks(cfg.run, run_dir, to_dict(cfg), resumed=begin.restored, step0=begin.step0)
+    # the actors evaluate version v while it is the newest (the learner waits on its on_step)
+    evaluate = learner.evaluate_params or (lambda params: pipe.evaluate(pipe.version))
+    record0 = None
     if not begin.restored:
-        record0 = {"step": 0, "samples": 0, "wall_time": clock(), **learner.sft_metrics,
-                   **learner.evaluate_params(state.params)}
-        sinks.write(record0)
-        before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
-            ("reward", record0["eval/reward"])
-        progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
+        record0 = {"step": 0, "samples": 0, "wall_time": clock(), **learner.sft_metrics}
+        if not learner.eval_on_actors:  # else once the actors have joined (_drive)
+            _write_record0(sinks, progress, record0, evaluate(state.params))
+            record0 = None
     # LoRA: actor processes fetch the adapters alone and merge them into their own base
     weights = LoraWeights(pipe, learner.lora) if lora_run else pipe
     loop = LearnerLoop(learner.train_step, pipe.queue, pipe.gate, weights,
@@ -314,10 +343,21 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
     if refit is not None:  # Adam's rescale (and the concurrency) before the first update
         learner.state = loop.apply(learner.state, refit)
     snapshot = functools.partial(_snapshot, cfg, loop, pipe, begin, controller, clock, learner.lora_base)
-    recorder = Recorder(cfg.run, sinks, progress, learner.evaluate_params, learner.checkpointer, begin.summary,
+    recorder = Recorder(cfg.run, sinks, progress, evaluate, learner.checkpointer, begin.summary,
                         clock, snapshot, samples0=loop.samples)
     notes = [*learner.plan_notes, *([refit.reason] if refit is not None else [])]
-    return _Run(pipe, loop, recorder, _noting(recorder.on_step, "; ".join(notes)), sinks, actor_engine)
+    return _Run(pipe, loop, recorder, _noting(recorder.on_step, "; ".join(notes)), sinks, actor_engine, evaluate,
+                record0)
+
+
+def _write_record0(sinks, progress: Progress, record0: dict, metrics: dict) -> None:
+    """A new run's step-0 record: the held-out evaluation before RL."""
+    record0 = {**record0, **metrics}
+    sinks.write(record0)
+    if "eval/exact_match" in record0 or "eval/reward" in record0:  # {}: a stop signal cut it short
+        before = ("exact match", record0["eval/exact_match"]) if "eval/exact_match" in record0 else \
+            ("reward", record0["eval/reward"])
+        progress.message(f"before RL: held-out {before[0]} {before[1]:.3f}")
 
 
 def _fit_mesh(controller, learner: _Learner, procs: LearnerProcesses, progress: Progress):
@@ -363,9 +403,13 @@ def _drive(cfg: Config, run_dir: str, learner: _Learner, run: _Run, progress: Pr
     with Lifecycle(cfg.checkpoint.signal_timeout_seconds, on_stop=[pipe.abort], message=progress.message) as life:
         pipe.start()
         try:
+            if run.record0 is not None:  # the actors evaluate the starting weights once they joined
+                _write_record0(run.sinks, progress, run.record0, run.evaluate(learner.state.params))
             state = loop.run(learner.state, cfg.run.steps, on_step=run.on_step, stop=life.stop,
                              start_step=learner.begin.step0)
             preempted = life.signalled is not None
+            if learner.eval_on_actors and not preempted and not summary.get("last_eval"):
+                summary["last_eval"] = run.evaluate(state.params)  # the final one, while the actors are here
             pipe.stop(time.monotonic() + life.remaining(cap=30.0), finished=not preempted)
             summary.update(run_dir=run_dir, steps=state.step, samples=loop.samples, dropped=dict(loop.dropped),
                            dropped_stale=loop.dropped.get("stale", 0), reward_errors=dict(loop.reward_errors),
@@ -459,7 +503,10 @@ def _finish(cfg: Config, run_dir: str, learner: _Learner, state, preempted: bool
             summary["peft_adapter"] = lora.write_peft_adapter(adapters, cfg.learner.lora,
                                                               os.path.join(run_dir, "peft"), cfg.model.path)
         del params
-        summary["final_eval"] = summary.get("last_eval") or learner.evaluate_params(state.params)
+        final = summary.get("last_eval")
+        if not final and learner.evaluate_params is not None:  # the actors' final one ran in _drive
+            final = learner.evaluate_params(state.params)
+        summary["final_eval"] = final or {}
     summary.pop("last_eval", None)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

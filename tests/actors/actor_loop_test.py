@@ -87,3 +87,31 @@ def test_a_hanging_environment_does_not_hang_the_actor(tmp_path):
     assert groups[1].reward_errors == ["env_timeout"] * G and groups[1].rewards == [0.0] * G
     assert groups[0].reward_errors is None and groups[2].reward_errors is None
     assert codec.decode(codec.encode(groups[1])).reward_errors == ["env_timeout"] * G
+
+
+def test_held_out_evaluation_in_chunks_on_actors_equals_the_learner_s_own():
+    """Two actors each evaluate a chunk of the held-out set (greedy, weights of the granted version);
+    the learner's aggregation of their results (through the codec) is evaluate_heldout's, exactly."""
+    from cadence.actors.evaluation import evaluate_heldout, heldout_metrics
+    from cadence.actors.tasks.base import Score
+    from cadence.protocols.messages import EvalGrant
+
+    actor, _, engine, params = _actor(1.0)
+    heldout = actor.task.heldout()
+    want = evaluate_heldout(engine, actor.task, params)
+    chunks = [list(range(0, len(heldout), 2)), list(range(1, len(heldout), 2))]  # interleaved: order matters
+    scores = {}
+    for n, chunk in enumerate(chunks):
+        grant = EvalGrant(eval_id=f"e-{n}", prompt_indices=chunk, prompt_ids=[heldout[i].prompt_id for i in chunk],
+                          version=0, session="s")
+        result = codec.decode(codec.encode(actor.evaluate(grant)))
+        assert result.version == 0 and result.prompt_indices == chunk and result.num_tokens > 0
+        for k, i in enumerate(chunk):
+            scores[i] = Score(result.rewards[k], result.exact_match[k],
+                              {name: v[k] for name, v in result.task_metrics.items()}, result.reward_errors[k])
+    got = heldout_metrics([scores[i] for i in range(len(heldout))], heldout)
+    assert got == want and 0 < want["eval/reward"] < 1, (got, want)
+    # a held-out set that differs from the learner's (another task config) is refused, naming why
+    bad = EvalGrant(eval_id="e-x", prompt_indices=[0], prompt_ids=["other/heldout/0"], version=0, session="s")
+    with pytest.raises(ValueError, match="task config or data differ"):
+        actor.evaluate(bad)

@@ -129,10 +129,12 @@ def test_learner_sigterm_and_resume_while_actors_outside_stay_up(tmp_path):
         assert a.returncode == 0 and "left (finished)" in err and err.count("joined session") >= 2, err
 
 
-def test_two_actor_processes_learn_sort6(tmp_path):
+@pytest.mark.parametrize("eval_on", ["auto", "actors"])  # auto: the learner's engine (one device)
+def test_two_actor_processes_learn_sort6(tmp_path, eval_on):
     run = str(tmp_path / "run")
     out = cli("train", "learner.sft.steps=30", "task.heldout_size=256", "run.progress=false",
-              f"run.dir={run}", "run.steps=800", "run.stop_at_exact_match=0.5", "actors.processes=2", wait=True)
+              f"run.dir={run}", "run.steps=800", "run.stop_at_exact_match=0.5", "actors.processes=2",
+              f"run.eval_on={eval_on}", wait=True)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["target_reached_at"] is not None, summary
@@ -140,3 +142,6 @@ def test_two_actor_processes_learn_sort6(tmp_path):
     for i in range(2):
         log = open(os.path.join(run, "actors", f"proc-{i}.log")).read()
         assert "model and engine were prepared before joining" in log, log
+    evals = [m for m in read_metrics(run) if "eval/exact_match" in m]
+    # eval/generate_seconds: the actor processes' engine time, reported only by their evaluation
+    assert all(("eval/generate_seconds" in m) == (eval_on == "actors") for m in evals), evals[-1]

@@ -56,8 +56,11 @@ def leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def test_sigterm_then_resume_is_bitwise_identical_in_sync_mode(tmp_path):
-    sync = ["actors.max_staleness=0", "run.steps=16", "checkpoint.every_steps=0"]
+# actor threads (the default); and an actor process that also runs the held-out evaluation, which
+# must take nothing from the training prompt stream or the sampling keys
+@pytest.mark.parametrize("actors", [(), ("actors.processes=1", "run.eval_on=actors")], ids=["threads", "eval_on_actors"])
+def test_sigterm_then_resume_is_bitwise_identical_in_sync_mode(tmp_path, actors):
+    sync = ["actors.max_staleness=0", "run.steps=16", "checkpoint.every_steps=0", *actors]
     straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
     out = cadence(*BASE, *sync, f"run.dir={straight}")
     assert out.returncode == 0, out.stderr
@@ -72,6 +75,8 @@ def test_sigterm_then_resume_is_bitwise_identical_in_sync_mode(tmp_path):
     out = cadence("--resume", f"run.dir={broken}")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1])["resumed_from"][-1]["step"] == stopped_at
+    if actors:  # the evaluations were the actor process's (its engine time is in them)
+        assert all("eval/generate_seconds" in r for r in read_metrics(broken) if "eval/reward" in r)
 
     a, b = load_arrays(straight), load_arrays(broken)
     for x, y in zip(leaves(a), leaves(b), strict=True):

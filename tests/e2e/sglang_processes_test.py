@@ -167,3 +167,21 @@ def test_kill9_of_the_actor_process_takes_its_server_and_the_restart_catches_up(
     assert max(newest_version(r) for r in ms[1:]) > 0
     with open(run / "actors" / "proc-0.log") as f:
         assert f.read().count("SGLang servers:") >= 2  # the restarted process launched its own
+
+
+def test_the_sglang_actor_process_runs_the_held_out_evaluation(tmp_path, train):
+    """run.eval_on=actors: the actor process evaluates with its SGLang server, brought to exactly the
+    version evaluated, greedily; the numbers are the built-in engine's on the same weights (within
+    one held-out prompt of 16, for a greedy tie the two engines may break apart)."""
+    import cadence
+    from cadence.launch.evaluate import evaluate
+
+    run, steps = tmp_path / "run", 3
+    summary, ms = finish(train(*args(run, steps), "run.eval_on=actors"), run, steps)
+    evals = [m for m in ms if "eval/reward" in m]
+    assert [m["step"] for m in evals] == [0, 3] and all("eval/generate_seconds" in m for m in evals)
+    mine = evaluate(cadence.load_config([str(run / "config.yaml")]), str(run)).metrics
+    theirs = summary["final_eval"]
+    for key in ("eval/reward", "eval/exact_match"):
+        assert abs(theirs[key] - mine[key]) <= 1 / 16 + 1e-9, (theirs, mine)
+    assert theirs["eval/reward_errors"] == 0

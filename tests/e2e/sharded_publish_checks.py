@@ -1,11 +1,13 @@
 """A run on a 4-device CPU mesh (fsdp 4) with 2 actor processes (run by sharded_publish_test.py).
 
-`python sharded_publish_checks.py RUN_DIR BUCKET_BYTES STEPS` runs `cadence train` in this process
-and prints one JSON line: per device, the largest array and the bytes of arrays not laid out on
-the mesh (whole copies live on one device), counted from jax.live_arrays() at every publication
-and every bucket the weight server builds until the last publication (the final held-out
-evaluation after it still gathers the model); the largest parameter shard; whether a separate
-process fetching weights at a publication got exactly the learner's values; the rewards.
+`python sharded_publish_checks.py RUN_DIR BUCKET_BYTES STEPS [EVAL_ON]` runs `cadence train` in this
+process and prints one JSON line: per device, the largest array and the bytes of arrays not laid
+out on the mesh (whole copies live on one device), counted from jax.live_arrays() at every
+publication, every bucket the weight server builds, and every few milliseconds while a held-out
+evaluation runs (every 10 steps and at the end; run.eval_on=EVAL_ON, default auto: the actor
+processes evaluate); how often the learner gathered the whole model (LearnerProcesses.gather);
+the largest parameter shard; whether a separate process fetching weights at a publication got
+exactly the learner's values; the rewards and the evaluations.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 
 import jax
 
@@ -63,15 +66,19 @@ def per_device() -> tuple[dict, dict]:
     return largest, single
 
 
-def main(run_dir: str, bucket_bytes: int, steps: int) -> None:
+def main(run_dir: str, bucket_bytes: int, steps: int, eval_on: str = "auto") -> None:
     assert len(jax.devices()) == 4
     peaks = {"largest": collections.Counter(), "single": collections.Counter(), "samples": 0}
     shard = {"bytes": 0}
     fetched = {}
 
+    lock = threading.Lock()
+
     def record():
-        if peaks.get("done"):  # after the last publication: the final held-out evaluation gathers
-            return
+        with lock:
+            _record()
+
+    def _record():
         largest, single = per_device()
         for d in range(4):
             peaks["largest"][d] = max(peaks["largest"][d], largest[d])
@@ -91,7 +98,6 @@ def main(run_dir: str, bucket_bytes: int, steps: int) -> None:
     def counted_publish(self, params, version, remote=None):
         publish(self, params, version, remote)
         record()
-        peaks["done"] = version >= steps
         leaves = jax.tree.leaves(params)
         if version == 3:  # a separate process fetches this version as an actor does
             want = {p: hashlib.sha256(np.ascontiguousarray(np.asarray(x)).tobytes()).hexdigest()
@@ -104,6 +110,35 @@ def main(run_dir: str, bucket_bytes: int, steps: int) -> None:
                            largest_leaf_bytes=max(x.nbytes for x in leaves))
 
     pipeline_mod.Pipeline.publish = counted_publish
+    evaluate, evals = pipeline_mod.Pipeline.evaluate, {"calls": 0, "samples": 0}
+
+    def watched_evaluate(self, version):  # counts live arrays while the actors evaluate
+        done = threading.Event()
+
+        def watch():
+            while not done.wait(0.005):
+                record()
+                evals["samples"] += 1
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            evals["calls"] += 1
+            return evaluate(self, version)
+        finally:
+            done.set()
+            watcher.join()
+
+    pipeline_mod.Pipeline.evaluate = watched_evaluate
+    gather, gathers = learner_group.LearnerProcesses.gather, {"calls": 0}
+
+    def counted_gather(self, params):  # the whole model onto this process (what eval_on=learner does)
+        gathers["calls"] += 1
+        out = gather(self, params)
+        record()
+        return out
+
+    learner_group.LearnerProcesses.gather = counted_gather
     start = learner_group.LearnerProcesses.start.__func__
 
     def started(cls, cfg, model_cfg):  # the largest parameter shard one device holds, from the layout
@@ -116,8 +151,8 @@ def main(run_dir: str, bucket_bytes: int, steps: int) -> None:
     learner_group.LearnerProcesses.start = classmethod(started)
     cfg = load_config(overrides=[
         "actors.processes=2", f"actors.weights_bucket_mb={bucket_bytes / 2**20}", f"run.steps={steps}",
-        "learner.sft.steps=30", "task.heldout_size=32", "run.eval_every=100000", "run.progress=false",
-        "actors.heartbeat_timeout_seconds=60"])
+        "learner.sft.steps=30", "task.heldout_size=32", "run.eval_every=10", "run.progress=false",
+        "actors.heartbeat_timeout_seconds=60", f"run.eval_on={eval_on}"])
     summary = train(cfg, run_dir)
     rows = [m for m in read_metrics(run_dir) if m["step"] > 0]
     k = max(1, len(rows) // 4)
@@ -129,8 +164,11 @@ def main(run_dir: str, bucket_bytes: int, steps: int) -> None:
         "weights_sent": rows[-1].get("actors/weights_sent", 0),
         "reward_first": float(np.mean([m["reward/mean"] for m in rows[:k]])),
         "reward_last": float(np.mean([m["reward/mean"] for m in rows[-k:]])),
+        "gathers": gathers["calls"], "actor_evals": evals["calls"], "eval_samples": evals["samples"],
+        "eval_steps": [m["step"] for m in read_metrics(run_dir) if "eval/reward" in m],
+        "final_eval": summary.get("final_eval"),
     }), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])

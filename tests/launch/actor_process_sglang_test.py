@@ -82,3 +82,15 @@ def test_each_supervised_process_gets_its_own_work_dir_and_the_runs_servers(tmp_
     assert args(one) == ["--work-dir", "/data/sg/proc-1", "--sglang-url", "http://h:1"]
     sup = ActorSupervisor(1, "tcp://127.0.0.1:1", str(tmp_path), extra_args=lambda i: ["--work-dir", f"/w/{i}"])
     assert sup.command("proc-0")[-4:] == ["--id", "proc-0", "--work-dir", "/w/proc-0"]
+
+
+def test_one_actor_process_of_a_run_evaluating_on_its_actors_builds(monkeypatch):
+    # run.eval_on=actors is the learner's choice; the one-actor view of a process (no actor
+    # processes of its own) must still validate, or the process could never join
+    import dataclasses
+
+    monkeypatch.setenv("CADENCE_SGLANG_PYTHON", "/some/python")
+    cfg = sglang_run(processes=1)
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, eval_on="actors"))
+    config_loader.validate_tree(cfg)
+    config_loader.validate_tree(local_sglang(cfg, ()))

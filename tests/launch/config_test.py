@@ -155,3 +155,17 @@ def test_every_key_is_reachable_by_override():
         node = cfg
         for part in key.split("."):
             node = getattr(node, part)
+
+
+def test_eval_on_actors_needs_actor_processes(capsys, tmp_path):
+    # the default run has one actor thread: evaluation on the actors has nobody to run it
+    with pytest.raises(ConfigError, match=r"^run\.eval_on: 'actors' needs actor processes"):
+        load_config(overrides=["run.eval_on=actors"])
+    assert main(["train", "run.eval_on=actors", f"run.dir={tmp_path / 'run'}"]) == 2
+    assert "run.eval_on" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"run\.eval_on"):
+        load_config(overrides=["run.eval_on=sometimes"])
+    # actor processes of its own, or actors that join at actors.listen (as under `cadence launch ray`)
+    assert load_config(overrides=["run.eval_on=actors", "actors.processes=2"]).run.eval_on == "actors"
+    assert load_config(overrides=["run.eval_on=actors", "actors.num_actors=0"]).run.eval_on == "actors"
+    assert load_config().run.eval_on == "auto"

@@ -211,7 +211,7 @@ def test_unknown_message_type_is_foreign_and_lists_known_ones():
     assert str(info.value) == (
         "foreign message: unknown message type 'gradient' "
         "(known: rollout_group, weights_published, weights_request, control, hello, welcome, "
-        "work_request, grant, heartbeat, goodbye, reset)"
+        "work_request, grant, heartbeat, goodbye, reset, eval_grant, eval_result)"
     )
 
 

@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 from cadence.protocols.errors import InvalidMessage, ProtocolError
-from cadence.protocols.codec import decode, encode
+from cadence.protocols.codec import MAGIC, SCHEMA_VERSION, decode, encode
 from cadence.protocols.ragged import Ragged
 from cadence.protocols.messages import (
     MESSAGE_TYPES,
     Control,
     EngineTimings,
+    EvalGrant,
+    EvalResult,
     Goodbye,
     Grant,
     Heartbeat,
@@ -192,11 +194,16 @@ def test_message_types_have_distinct_tags_in_the_type_field():
                         concurrency=1),
                 WorkRequest(actor_id="a", capacity=1),
                 Grant(grant_id="g", prompt_indices=[4], prompt_ids=["t/train/4"], version=0, min_version=0),
-                Heartbeat(sender="a", engine_stats={"sglang/syncs": 2.0}), Goodbye(actor_id="a"), Reset(session="s")]
+                Heartbeat(sender="a", engine_stats={"sglang/syncs": 2.0}), Goodbye(actor_id="a"), Reset(session="s"),
+                EvalGrant(eval_id="e", prompt_indices=[0, 3], prompt_ids=["t/heldout/0", "t/heldout/3"], version=2,
+                          session="s"),
+                EvalResult(eval_id="e", actor_id="a", version=2, prompt_indices=[0, 3], rewards=[1.0, 0.0],
+                           exact_match=[True, None], reward_errors=["", "timeout"], task_metrics={"len": [6.0, 2.0]},
+                           generate_seconds=0.5, num_tokens=12)]
     assert [type(m) for m in examples] == list(MESSAGE_TYPES)
     tags = [msgspec.to_builtins(m)["type"] for m in examples]
     assert tags == ["rollout_group", "weights_published", "weights_request", "control", "hello", "welcome",
-                    "work_request", "grant", "heartbeat", "goodbye", "reset"]
+                    "work_request", "grant", "heartbeat", "goodbye", "reset", "eval_grant", "eval_result"]
     for m in examples:  # every kind survives the wire
         assert decode(encode(m)) == m
 
@@ -209,14 +216,45 @@ def test_message_types_have_distinct_tags_in_the_type_field():
      "Grant.prompt_ids"),
     (lambda: WorkRequest(actor_id="a", capacity=0), "WorkRequest.capacity"),
     (lambda: Heartbeat(sender="a", engine_stats={"sglang/syncs": float("nan")}), "Heartbeat.engine_stats"),
+    (lambda: EvalGrant(eval_id="", prompt_indices=[0], prompt_ids=["x"], version=0, session="s"), "EvalGrant.eval_id"),
+    (lambda: EvalGrant(eval_id="e", prompt_indices=[], prompt_ids=[], version=0, session="s"),
+     "EvalGrant.prompt_indices"),
+    (lambda: EvalGrant(eval_id="e", prompt_indices=[-1], prompt_ids=["x"], version=0, session="s"),
+     "EvalGrant.prompt_indices"),
+    (lambda: EvalGrant(eval_id="e", prompt_indices=[0, 1], prompt_ids=["x"], version=0, session="s"),
+     "EvalGrant.prompt_ids"),
+    (lambda: EvalGrant(eval_id="e", prompt_indices=[0], prompt_ids=["x"], version=-1, session="s"), "EvalGrant.version"),
+    (lambda: _eval_result(rewards=[1.0]), "EvalResult.rewards"),
+    (lambda: _eval_result(rewards=[1.0, float("inf")]), r"EvalResult.rewards\[1\]"),
+    (lambda: _eval_result(exact_match=[True]), "EvalResult.exact_match"),
+    (lambda: _eval_result(reward_errors=[""]), "EvalResult.reward_errors"),
+    (lambda: _eval_result(task_metrics={"len": [1.0]}), r"EvalResult.task_metrics\['len'\]"),
+    (lambda: _eval_result(task_metrics={"len": [1.0, float("nan")]}), r"EvalResult.task_metrics\['len'\]"),
+    (lambda: _eval_result(generate_seconds=-1.0), "EvalResult.generate_seconds"),
+    (lambda: _eval_result(version=-1), "EvalResult.version"),
 ])
 def test_dispatcher_messages_name_the_bad_field(make, field):
     with pytest.raises(InvalidMessage, match=field):
         make()
 
 
+def _eval_result(**overrides):
+    fields = dict(eval_id="e", actor_id="a", version=1, prompt_indices=[0, 1], rewards=[1.0, 0.0],
+                  exact_match=[True, False], reward_errors=["", ""])
+    return EvalResult(**{**fields, **overrides})
+
+
+def test_a_bad_eval_result_is_rejected_at_the_receiver_too():
+    assert decode(encode(_eval_result())) == _eval_result()
+    raw = msgspec.msgpack.encode([MAGIC, SCHEMA_VERSION, {"type": "eval_result", "eval_id": "e", "actor_id": "a",
+                                  "version": 1, "prompt_indices": [0, 1], "rewards": [1.0],
+                                  "exact_match": [True, False], "reward_errors": ["", ""]}])
+    with pytest.raises(InvalidMessage, match="EvalResult.rewards"):
+        decode(raw)
+
+
 def test_optional_task_fields_round_trip_and_are_checked():
-    from cadence.protocols.codec import decode, encode
+    from cadence.protocols.codec import MAGIC, SCHEMA_VERSION, decode, encode
 
     group = make_group(policy_mask=[[True, True], [True, False, True]], reward_errors=["", "timeout"],
                        task_metrics={"tool_use": [1.0, 0.0]})
