@@ -127,13 +127,14 @@ class WeightServer:
         self._lock = threading.Lock()
         self._version = -1
         self._source: WeightSource | None = None
-        self._streams: dict[bytes, tuple[int, WeightSource, float]] = {}  # peer -> transfer in progress
+        # peer -> transfer in progress: (version, source, last request's time, bytes sent so far)
+        self._streams: dict[bytes, tuple[int, WeightSource, float, int]] = {}
         # the bucket built last: (version, k, specs, frames, trackers); its arrays live in the frames
         self._cache: tuple[int, int, list[TensorSpec], list, list] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weight-server", daemon=True)
         self.sent = 0  # transfers sent (whole versions)
-        self.sent_bytes = 0
+        self.sent_bytes = 0  # of whole transfers (a transfer's bytes count when its last bucket goes)
         self.buckets_built = 0  # buckets materialised on the host (once per bucket while actors keep step)
         self.bad_messages = 0
         self.error: BaseException | None = None  # what stopped the server thread (the run fails on it)
@@ -188,11 +189,12 @@ class WeightServer:
 
     def _serve(self, peer: bytes, req: WeightsRequest) -> None:
         now = time.monotonic()
-        for p in [p for p, (_, _, t) in self._streams.items() if now - t > STREAM_TIMEOUT_S]:
+        for p in [p for p, (_, _, t, _) in self._streams.items() if now - t > STREAM_TIMEOUT_S]:
             del self._streams[p]  # a transfer abandoned midway (the actor died): its version goes
         with self._lock:
             newest, source = self._version, self._source
             exact = self._recent.get(req.version)
+        sent_before = 0  # this transfer's earlier buckets
         if req.bucket == 0 and req.version >= 0:  # exactly this version (its pieces held here)
             if exact is None:  # the header's version says which: not published here yet, or gone
                 return self._reply_empty(peer, newest)
@@ -202,16 +204,17 @@ class WeightServer:
                 return self._reply_empty(peer, newest)
             version = newest
         else:  # the next bucket of a transfer: of the version it started with
-            version, source, _ = self._streams.get(peer, (-1, None, 0.0))
+            version, source, _, sent_before = self._streams.get(peer, (-1, None, 0.0, 0))
             if source is None or version != req.version or req.bucket >= source.buckets:
                 self._streams.pop(peer, None)
                 return self._reply_empty(peer, req.version)  # no tensors: start again
         k, n = req.bucket, source.buckets
+        _, _, specs, frames, trackers = self._bucket(version, source, k)
+        sent = sent_before + sum(len(f) for f in frames)
         if k + 1 < n:
-            self._streams[peer] = (version, source, now)
+            self._streams[peer] = (version, source, now, sent)
         else:
             self._streams.pop(peer, None)
-        _, _, specs, frames, trackers = self._bucket(version, source, k)
         header = WeightsPublished(version=version, step=version, location=self.endpoint,
                                   published_at=time.time(), tensors=specs, bucket=k, buckets=n)
         # zero-copy: ZeroMQ reads the arrays' own memory; the trackers say when it is done with it
@@ -219,8 +222,9 @@ class WeightServer:
         self._sock.send_multipart([peer, self.codec.encode(header), *data], copy=False)
         trackers += [f.tracker for f in data]
         del data
-        self.sent += k + 1 == n
-        self.sent_bytes += sum(len(f) for f in frames)
+        if k + 1 == n:  # counted whole, so sent_bytes / sent is a transfer's size whenever read
+            self.sent += 1
+            self.sent_bytes += sent
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -280,3 +280,26 @@ def test_a_failed_server_calls_on_error_on_its_own_thread():
         client.close()
         server.stop()
         ctx.destroy(linger=0)
+
+
+def test_a_transfer_counts_bytes_and_all_when_its_last_bucket_goes():
+    # metrics read mid-transfer must agree: sent_bytes / sent is always a whole transfer's size
+    ctx = zmq.Context()
+    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
+    client = WeightClient(server.endpoint, ctx=ctx)
+    try:
+        named = grid(1)
+        server.publish_source(1, Pieces(named, rows=3, per_bucket=2))  # 4 buckets
+        client._send(-1, -1, 0)
+        header, _ = client._recv(10)
+        assert header.bucket == 0 and header.buckets == 4
+        assert (server.sent, server.sent_bytes) == (0, 0)  # bucket 0 went; the transfer has not
+        client._send(-1, 1, 1)
+        client._recv(10)
+        assert (server.sent, server.sent_bytes) == (0, 0)
+        v, got = WeightClient(server.endpoint, ctx=ctx).fetch(-1, timeout=10)
+        assert v == 1 and server.sent == 1 and server.sent_bytes == sum(a.nbytes for _, a in named)
+    finally:
+        client.close()
+        server.stop()
+        ctx.destroy(linger=0)
