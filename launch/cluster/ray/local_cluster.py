@@ -4,6 +4,7 @@ For tests and benchmarks: Ray binds the machine's address and listens on all int
 nothing here may run in the machine's own network namespace: call `enter_private_network()`
 (launch/cluster/private_network.py) first. A head node and a worker node then start on
 127.0.0.1, each in its own process group and temp dir, the worker with the custom resource `worker_node` (tasks that ask for it land there).
+`workers=N` starts N worker nodes (each with `worker_node`); kill_worker(i) / start_worker(i) name one.
 
     enter_private_network()                       # root (or CAP_SYS_ADMIN) needed
     with LocalCluster(cpus=2) as cluster:
@@ -39,7 +40,7 @@ def _free_port() -> int:
 
 class LocalCluster:
     def __init__(self, cpus: int = 2, head_resources: dict | None = None, worker_resources: dict | None = None,
-                 env: dict | None = None, timeout: float = 180.0):
+                 env: dict | None = None, timeout: float = 180.0, workers: int = 1):
         self.cpus, self.timeout = cpus, timeout
         self.head_resources = {HEAD_RESOURCE: 1, **(head_resources or {})}
         self.worker_resources = {WORKER_RESOURCE: 1, **(worker_resources or {})}
@@ -50,8 +51,13 @@ class LocalCluster:
                     "PYTHONPATH": os.pathsep.join(p for p in (IMPORT_ROOT, os.environ.get("PYTHONPATH", "")) if p),
                     **(env or {})}
         self.head: subprocess.Popen | None = None
-        self.worker: subprocess.Popen | None = None
-        self.worker_starts = 0
+        self.workers: list[subprocess.Popen | None] = [None] * workers
+        self._starts = [0] * workers  # each worker's log gains one "started" mark per start
+
+    @property
+    def worker(self) -> subprocess.Popen | None:
+        """The first worker node's process (the only one unless workers > 1)."""
+        return self.workers[0]
 
     def _ray(self) -> str:
         beside = os.path.join(os.path.dirname(sys.executable), "ray")  # this environment's, even if not on PATH
@@ -82,24 +88,26 @@ class LocalCluster:
         self.head = self._node("head", ["--head", "--port", str(self.port), "--include-dashboard", "false",
                                         "--resources", json.dumps(self.head_resources)])
         self._wait_started("head", self.head)
-        self.start_worker()
+        for i in range(len(self.workers)):
+            self.start_worker(i)
         return self
 
-    def start_worker(self) -> None:
-        self.worker_starts += 1
-        self.worker = self._node("worker", ["--address", self.address,
+    def start_worker(self, i: int = 0) -> None:
+        name = "worker" if i == 0 else f"worker{i}"
+        self._starts[i] += 1
+        self.workers[i] = self._node(name, ["--address", self.address,
                                             "--resources", json.dumps(self.worker_resources)])
-        self._wait_started("worker", self.worker, self.worker_starts)
+        self._wait_started(name, self.workers[i], self._starts[i])
 
-    def kill_worker(self) -> None:
-        """The worker node is lost: SIGKILL to its whole process group (raylet, workers, agents)."""
-        _killpg(self.worker, signal.SIGKILL)
+    def kill_worker(self, i: int = 0) -> None:
+        """Worker node i is lost: SIGKILL to its whole process group (raylet, workers, agents)."""
+        _killpg(self.workers[i], signal.SIGKILL)
 
     def stop(self) -> None:
-        for proc in (self.worker, self.head):
+        for proc in (*self.workers, self.head):
             _killpg(proc, signal.SIGTERM)
         time.sleep(2.0)
-        for proc in (self.worker, self.head):
+        for proc in (*self.workers, self.head):
             _killpg(proc, signal.SIGKILL)
         # Ray's worker processes may have left the process groups: whatever still runs from our temp dir
         for pid in _pids_mentioning(self.dir):
