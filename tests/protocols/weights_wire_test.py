@@ -1,5 +1,7 @@
 """Weights over ZeroMQ: raw frames round-trip exactly (chunked, bf16, empty), a bad transfer is
 refused, actors get only the newest version, and each version is materialised once."""
+import contextlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -9,6 +11,20 @@ from cadence.protocols.errors import ProtocolError
 from cadence.protocols.messages import TensorSpec
 from cadence.protocols.weights_wire import WeightClient, WeightServer, fetch_all, from_frames, to_frames
 from tests import waiting
+
+
+@contextlib.contextmanager
+def served(client: dict | None = None, **server_kwargs):
+    """A started WeightServer on loopback and one WeightClient of it, closed afterwards."""
+    ctx = zmq.Context()
+    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx, **server_kwargs).start()
+    c = WeightClient(server.endpoint, ctx=ctx, **(client or {}))
+    try:
+        yield server, c, ctx
+    finally:
+        c.close()
+        server.stop()
+        ctx.destroy(linger=0)
 
 
 def arrays(seed=0):
@@ -114,10 +130,7 @@ def test_a_version_streamed_in_buckets_is_assembled_exactly_and_built_one_bucket
 
 
 def test_a_transfer_keeps_its_version_when_a_newer_one_is_published_midway():
-    ctx = zmq.Context()
-    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
-    client = WeightClient(server.endpoint, ctx=ctx)
-    try:
+    with served() as (server, client, ctx):
         first = Pieces(grid(1), rows=2, per_bucket=1)
         server.publish_source(1, first)
         real = first.bucket
@@ -132,17 +145,10 @@ def test_a_transfer_keeps_its_version_when_a_newer_one_is_published_midway():
         assert v == 1 and all(a.tobytes() == b.tobytes() for (_, a), (_, b) in zip(grid(1), got))
         v, got = client.fetch(1, timeout=5)
         assert v == 2 and all(a.tobytes() == b.tobytes() for (_, a), (_, b) in zip(grid(2), got))
-    finally:
-        client.close()
-        server.stop()
-        ctx.destroy(linger=0)
 
 
 def test_pieces_that_do_not_tile_their_array_are_refused():
-    ctx = zmq.Context()
-    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
-    client = WeightClient(server.endpoint, ctx=ctx)
-    try:
+    with served() as (server, client, ctx):
         a = np.arange(8, dtype=np.float32)
         for version, pieces, match in (
                 (1, [("x", a[:4], [0], [8])], "cover 4 of its 8"),
@@ -153,28 +159,17 @@ def test_pieces_that_do_not_tile_their_array_are_refused():
             server.publish_source(version, source)
             with pytest.raises(ProtocolError, match=match):
                 client.fetch(-1, timeout=5)
-    finally:
-        client.close()
-        server.stop()
-        ctx.destroy(linger=0)
 
 
 def test_big_buckets_sent_zero_copy_are_released_so_the_next_bucket_is_not_held_up():
     # frames over ZeroMQ's copy threshold are sent from the arrays' own memory; the server drops a
     # bucket before it builds the next, once ZeroMQ is done with it (a bucket it kept a reference
     # to would never be done: each later bucket would wait RELEASE_WAIT_S)
-    ctx = zmq.Context()
-    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
-    client = WeightClient(server.endpoint, ctx=ctx)
-    try:
+    with served() as (server, client, ctx):
         big = [("['w']", np.random.default_rng(0).standard_normal((8, 65536)).astype(np.float32))]
         server.publish_source(1, Pieces(big, rows=2, per_bucket=1))  # 4 buckets of 512 KiB
         v, got = client.fetch(-1, timeout=20)
         assert v == 1 and got[0][1].tobytes() == big[0][1].tobytes()
-    finally:
-        client.close()
-        server.stop()
-        ctx.destroy(linger=0)
 
 
 class Half(Pieces):
@@ -216,10 +211,7 @@ def test_a_learner_of_two_processes_each_serving_its_pieces_is_fetched_whole_at_
 
 
 def test_a_bucket_that_cannot_be_built_stops_the_server_with_its_error():
-    ctx = zmq.Context()
-    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
-    client = WeightClient(server.endpoint, ctx=ctx)
-    try:
+    with served() as (server, client, ctx):
         source = Pieces(grid(1), rows=3, per_bucket=2)
 
         def broken(k):
@@ -230,10 +222,6 @@ def test_a_bucket_that_cannot_be_built_stops_the_server_with_its_error():
         with pytest.raises(TimeoutError):
             client.fetch(-1, timeout=1)
         assert isinstance(server.error, RuntimeError)  # Pipeline.health() fails the run with it
-    finally:
-        client.close()
-        server.stop()
-        ctx.destroy(linger=0)
 
 
 def test_a_learner_process_holding_no_piece_answers_with_an_empty_transfer():
@@ -285,10 +273,7 @@ def test_a_failed_server_calls_on_error_on_its_own_thread():
 
 def test_a_transfer_counts_bytes_and_all_when_its_last_bucket_goes():
     # metrics read mid-transfer must agree: sent_bytes / sent is always a whole transfer's size
-    ctx = zmq.Context()
-    server = WeightServer("tcp://127.0.0.1:0", ctx=ctx).start()
-    client = WeightClient(server.endpoint, ctx=ctx)
-    try:
+    with served() as (server, client, ctx):
         named = grid(1)
         server.publish_source(1, Pieces(named, rows=3, per_bucket=2))  # 4 buckets
         client._send(-1, -1, 0)
@@ -303,7 +288,3 @@ def test_a_transfer_counts_bytes_and_all_when_its_last_bucket_goes():
         # the server counts right after its send returns: the client may have the bytes first
         whole = (1, sum(a.nbytes for _, a in named))
         waiting.wait_for(lambda: (server.sent, server.sent_bytes) == whole, 10, f"the transfer counted as {whole}")
-    finally:
-        client.close()
-        server.stop()
-        ctx.destroy(linger=0)
