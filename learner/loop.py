@@ -19,9 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cadence.learner.batching import build_microbatches
 from cadence.learner.controller.interface import Controller, Decision, Generation, GradientNorms, Observation
-from cadence.learner.packing import pack_microbatches, rows_per_microbatch
+from cadence.learner.packing import layout_microbatches
 from cadence.protocols.admission import AdmissionGate
 from cadence.protocols.ledger import SampleLedger
 
@@ -161,13 +160,8 @@ class LearnerLoop:
     def train_on(self, state, batch: Batch):
         s = self.settings
         t0 = time.perf_counter()
-        if s.microbatch_tokens > 0:
-            microbatches, stats = pack_microbatches(batch.groups, s.seq_len,
-                                                    rows_per_microbatch(s.microbatch_tokens, s.seq_len),
-                                                    s.pad_id, s.grpo)
-        else:
-            microbatches, stats = build_microbatches(batch.groups, s.seq_len, s.microbatch_size,
-                                                     s.pad_id, s.grpo)
+        microbatches, stats = layout_microbatches(batch.groups, s.seq_len, s.microbatch_size, s.microbatch_tokens,
+                                                  s.pad_id, s.grpo)
         if self.before_update is not None:
             self.before_update()
         state, metrics = self.train_step.update(state, microbatches, stats["num_tokens"])

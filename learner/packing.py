@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from cadence.learner.batching import Microbatch, _advantages_per_group, _packed_groups, batch_stats
+from cadence.learner.batching import Microbatch, _advantages_per_group, _packed_groups, batch_stats, build_microbatches
 
 
 def rows_per_microbatch(microbatch_tokens: int, seq_len: int, row_multiple: int = 1) -> int:
@@ -174,3 +174,13 @@ def pack_microbatches(
     stats["row_fill"] = float(sample_lens.sum() / (n_rows * seq_len))
     return microbatches, stats
 
+
+
+def layout_microbatches(groups: Sequence, seq_len: int, microbatch_size: int, microbatch_tokens: int, pad_id: int,
+                        grpo_cfg) -> tuple[list[Microbatch], dict]:
+    """A batch's microbatches as the learner's config lays them out: packed to microbatch_tokens
+    when it is > 0, else one sample per row, microbatch_size rows each (what a train step built
+    from the same config expects: its loss reads segment ids only when packed)."""
+    if microbatch_tokens > 0:
+        return pack_microbatches(groups, seq_len, rows_per_microbatch(microbatch_tokens, seq_len), pad_id, grpo_cfg)
+    return build_microbatches(groups, seq_len, microbatch_size, pad_id, grpo_cfg)

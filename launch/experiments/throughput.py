@@ -26,7 +26,7 @@ from cadence.launch.config import Config, seq_len as config_seq_len
 from cadence.launch.experiments import common
 from cadence.launch.metrics import read_metrics
 from cadence.learner.models.policy import build_policy
-from cadence.learner.batching import build_microbatches
+from cadence.learner.packing import layout_microbatches
 from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
 from cadence.learner.steps import make_train_step
 from cadence.protocols.weights import InProcessWeights
@@ -80,7 +80,8 @@ def measure(base: Config, concurrencies, batch_sizes, repeats: int, min_seconds:
     learn = []
     for b in batch_sizes:
         mb_size = min(base.learner.microbatch_size, b)
-        mbs, stats = build_microbatches(groups[: b // G], L, mb_size, policy.tokenizer.pad_id, base.learner.grpo)
+        mbs, stats = layout_microbatches(groups[: b // G], L, mb_size, base.learner.microbatch_tokens,
+                                         policy.tokenizer.pad_id, base.learner.grpo)
 
         def step():
             state["s"], m = ts.update(state["s"], mbs, stats["num_tokens"])  # host floats: synced

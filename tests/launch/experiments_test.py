@@ -187,6 +187,19 @@ def test_throughput_quick_end_to_end(tmp_path, capsys):
     assert "Generation fit" in report and "Pipeline X(B)" in report
 
 
+def test_throughput_measures_the_learner_with_packed_microbatches():
+    # a config with learner.microbatch_tokens (the SmolLM2 one has 512) trains packed rows: the
+    # experiment must lay the batch out as the run does (it built padded rows, and the packed loss
+    # failed on them)
+    from cadence.launch.experiments import throughput
+
+    cfg = load_config(overrides=["learner.microbatch_tokens=64", "learner.microbatch_size=8"])
+    points = throughput.measure(cfg, concurrencies=(1,), batch_sizes=(8, 16), repeats=1, min_seconds=0.0,
+                                log=lambda *_: None)
+    assert [p["batch_size"] for p in points["learner"]] == [8, 16]
+    assert all(p["samples_per_second"] > 0 for p in points["learner"])
+
+
 def test_throughput_pipeline_needs_three_updates(tmp_path, capsys):
     assert main(["experiment", "throughput", "--quick", "--out", str(tmp_path / "t"), "--concurrencies", "1",
                  "--batch-sizes", "8", "--pipeline-batch-sizes", "8", "--pipeline-updates", "2"]) == 2
