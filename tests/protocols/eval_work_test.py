@@ -165,6 +165,8 @@ def test_over_zeromq_a_closed_client_s_chunk_is_finished_by_the_other(ctx):
         assert all(c.wait_welcome(5) for c in clients)
         done = threading.Event()
         server.call(lambda core: core.start_eval(3, list(range(HELDOUT)), r.ids, 2, lambda job: done.set()))
+        # call() runs on the server's thread: a request answered before it would get training work
+        wait_for(lambda: r.core.evals.job is not None, what="the evaluation to start")
         g0 = clients[0].request(4, stop, timeout=5)
         assert isinstance(g0, EvalGrant) and len(g0.prompt_indices) == 5
         clients[0].close("killed")  # leaves with its chunk unanswered
