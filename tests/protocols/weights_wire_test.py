@@ -27,6 +27,23 @@ def served(client: dict | None = None, **server_kwargs):
         ctx.destroy(linger=0)
 
 
+@contextlib.contextmanager
+def two_learner_processes():
+    """Two started WeightServers (two learner processes' pieces, each keeping 2 versions) and a
+    client of each, closed afterwards."""
+    ctx = zmq.Context()
+    servers = [WeightServer("tcp://127.0.0.1:0", ctx=ctx, retain=2).start() for _ in range(2)]
+    clients = [WeightClient(s.endpoint, ctx=ctx) for s in servers]
+    try:
+        yield servers, clients
+    finally:
+        for c in clients:
+            c.close()
+        for s in servers:
+            s.stop()
+        ctx.destroy(linger=0)
+
+
 def arrays(seed=0):
     rng = np.random.default_rng(seed)
     return [("['a'].value", rng.standard_normal((33, 7)).astype(np.float32)),
@@ -184,11 +201,8 @@ class Half(Pieces):
 def test_a_learner_of_two_processes_each_serving_its_pieces_is_fetched_whole_at_one_version():
     import threading
 
-    ctx = zmq.Context()
-    servers = [WeightServer("tcp://127.0.0.1:0", ctx=ctx, retain=2).start() for _ in range(2)]
-    clients = [WeightClient(s.endpoint, ctx=ctx) for s in servers]
     named = lambda v: [("['w']", np.full((10, 3), v, np.float32))]  # noqa: E731
-    try:
+    with two_learner_processes() as (servers, clients):
         servers[0].publish_source(1, Half(named(1), upper=False))
         # the other process publishes version 1 a little later: the client waits for it
         late = threading.Timer(0.3, lambda: servers[1].publish_source(1, Half(named(1), upper=True)))
@@ -202,12 +216,6 @@ def test_a_learner_of_two_processes_each_serving_its_pieces_is_fetched_whole_at_
         v, got = fetch_all(clients, 1, timeout=10)
         assert v == 2 and got[0][1].tobytes() == named(2)[0][1].tobytes()
         assert fetch_all(clients, 2, timeout=10) is None
-    finally:
-        for c in clients:
-            c.close()
-        for s in servers:
-            s.stop()
-        ctx.destroy(linger=0)
 
 
 def test_a_bucket_that_cannot_be_built_stops_the_server_with_its_error():
@@ -228,11 +236,8 @@ def test_a_learner_process_holding_no_piece_answers_with_an_empty_transfer():
     # e.g. a mesh of 3 that no array divides: every array is replicated and process 0 holds it
     from cadence.learner.weight_stream import ShardStream
 
-    ctx = zmq.Context()
-    servers = [WeightServer("tcp://127.0.0.1:0", ctx=ctx, retain=2).start() for _ in range(2)]
-    clients = [WeightClient(s.endpoint, ctx=ctx) for s in servers]
     named = [("['w']", np.arange(12, dtype=np.float32).reshape(4, 3))]
-    try:
+    with two_learner_processes() as (servers, clients):
         nothing = ShardStream({}, [], dtype=None, bucket_bytes=1 << 20)
         assert nothing.buckets == 1 and nothing.bucket(0) == []
         servers[0].publish_source(1, Pieces(named, rows=4, per_bucket=1))
@@ -240,12 +245,6 @@ def test_a_learner_process_holding_no_piece_answers_with_an_empty_transfer():
         v, got = fetch_all(clients, -1, timeout=10)
         assert v == 1 and got[0][1].tobytes() == named[0][1].tobytes()
         assert servers[1].error is None
-    finally:
-        for c in clients:
-            c.close()
-        for s in servers:
-            s.stop()
-        ctx.destroy(linger=0)
 
 
 def test_a_failed_server_calls_on_error_on_its_own_thread():
