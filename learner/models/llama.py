@@ -115,14 +115,13 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x32 * cos[:, :, None] + rotated * sin[:, :, None]).astype(x.dtype)
 
 
-def _grouped_attention(q, k, v, allowed, kv: int, k_spec: str, v_spec: str) -> jax.Array:
+def _grouped_attention(q, k, v, allowed, kv: int, k_spec: str, v_spec: str, wide: bool = False) -> jax.Array:
     """Grouped-query attention of q [B, T, H, Dh] over keys and values laid out as the einsum
-    specs say (k_spec, v_spec: their subscripts with b, s, k (KV head), d); [B, T, H * Dh]."""
+    specs say (k_spec, v_spec: their subscripts with b, s, k (KV head), d); [B, T, H * Dh].
+    wide: the two products return float32 (scores and outputs not rounded to k's dtype)."""
     b, t, h, dh = q.shape
     out_dtype = q.dtype
-    # a cache held narrower than the compute dtype (engine.kv_dtype): the products run in its dtype
-    # with float32 accumulation, so the cache is read as stored, never converted whole each step
-    wide = {} if k.dtype == q.dtype else {"preferred_element_type": jnp.float32}
+    wide = {"preferred_element_type": jnp.float32} if wide else {}
     q = q.reshape(b, t, kv, h // kv, dh).astype(k.dtype)  # [B, T, KV, G, Dh]
     scores = jnp.einsum(f"btkgd,{k_spec}->bkgts", q, k, **wide).astype(jnp.float32) / jnp.sqrt(jnp.float32(dh))
     scores = jnp.where(allowed[:, None, None], scores, _MASKED_SCORE)  # [B, KV, G, T, S]
@@ -142,12 +141,16 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax
     Returns:
       [B, T, H * Dh].
     """
-    return _grouped_attention(q, k, v, allowed, k.shape[2], "bskd", "bskd")
+    return _grouped_attention(q, k, v, allowed, k.shape[2], "bskd", "bskd", wide=k.dtype != q.dtype)
 
 
 def _attend_cached(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
-    """_attend over a KV cache: k [B, KV, S, Dh] and v [B, KV, Dh, S] (see KVCache)."""
-    return _grouped_attention(q, k, v, allowed, k.shape[1], "bksd", "bkds")
+    """_attend over a KV cache: k [B, KV, S, Dh] and v [B, KV, Dh, S] (see KVCache).
+
+    A cache narrower than float32 (engine.kv_dtype, or a bf16 compute dtype) is multiplied as
+    stored, never converted whole each step, with float32 accumulation and results: scores rounded
+    to bf16 would move the sampler's probabilities by up to ~0.1 nats."""
+    return _grouped_attention(q, k, v, allowed, k.shape[1], "bksd", "bkds", wide=k.dtype != jnp.float32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,10 +196,12 @@ def _named(initializer, *names: str):
 
 
 def _linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs, names: tuple[str, str],
-            use_bias: bool = False, lora=None, target: str = "") -> nnx.Linear:
+            use_bias: bool = False, lora=None, target: str = "", wide: bool = False) -> nnx.Linear:
     """A linear layer whose [in, out] kernel axes have the logical names `names`; with low-rank
-    adapters (lora: a learner.config.LoraConfig whose targets name `target`) a LoRA one."""
+    adapters (lora: a learner.config.LoraConfig whose targets name `target`) a LoRA one; wide:
+    float32 results whatever the compute dtype (the output head)."""
     kwargs = dict(
+        **({"preferred_element_type": jnp.float32} if wide else {}),
         use_bias=use_bias,
         kernel_init=_named(_KERNEL_INIT, *names),
         bias_init=_named(_BIAS_INIT, names[1]),
@@ -314,7 +319,7 @@ class Llama(nnx.Module):
         self.layers = nnx.List([DecoderLayer(cfg, rngs, lora) for _ in range(cfg.n_layers)])
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps, pdt)
         if not cfg.tie_embeddings:
-            self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, rngs, ("embed", "vocab"))
+            self.lm_head = _linear(cfg, cfg.d_model, cfg.vocab_size, rngs, ("embed", "vocab"), wide=True)
 
     def __call__(self, tokens, positions, mask, cache: KVCache | None = None, remat: str = "none"):
         """tokens/positions [B, T] int32, mask [B, T] bool (or, without a cache, int segment ids:
@@ -361,7 +366,8 @@ class Llama(nnx.Module):
         """hidden [..., D] -> float32 logits [..., V] (tied: hidden @ embed_tokens.T)."""
         if self.cfg.tie_embeddings:
             table = self._embedding_table()
-            out = jnp.dot(hidden.astype(table.dtype), table.T)
+            # float32 results: logits rounded to a bf16 compute dtype would move every log-prob
+            out = jnp.dot(hidden.astype(table.dtype), table.T, preferred_element_type=jnp.float32)
         else:
             out = self.lm_head(hidden)
         if out.ndim == 3:

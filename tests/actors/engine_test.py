@@ -340,3 +340,22 @@ def test_a_bfloat16_cache_holds_half_the_bytes_and_stays_near_the_learner(model,
         engine_lp[r, len(p) : len(p) + result.lengths[r]] = result.logprobs[r, : result.lengths[r]]
     diff = np.abs(np.where(completion, engine_lp - learner, 0.0)).max()
     assert 0 < diff <= 5e-2, diff  # rounding keys, values and attention weights moves them, a little
+
+
+# ---- a bfloat16 model: float32 logits ----
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_bfloat16_models_logits_are_float32_results(tied):
+    """A bf16 model's output head returns float32: logits rounded to bf16 (8 bits of mantissa)
+    would move log-probs of ~-10 by ~0.05."""
+    cfg = dataclasses.replace(MODEL, param_dtype="bfloat16", compute_dtype="bfloat16", tie_embeddings=tied)
+    graphdef, params = llama.init_params(cfg, 0)
+    hidden = jax.random.normal(jax.random.key(0), (2, 3, cfg.d_model), jnp.bfloat16)
+    logits = np.asarray(llama.head_logits(graphdef, params, hidden))
+    assert logits.dtype == np.float32
+    head = (params["embed_tokens"]["embedding"][...].T if tied else params["lm_head"]["kernel"][...])
+    want = np.asarray(hidden, np.float32) @ np.asarray(head, np.float32)  # NumPy, from the same bf16 inputs
+    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
+    jaxpr = str(jax.make_jaxpr(lambda p, h: llama.head_logits(graphdef, p, h))(params, hidden))
+    assert "preferred_element_type=float32" in jaxpr
