@@ -85,7 +85,7 @@ def _ignorable(name: str, cfg: ModelConfig) -> bool:
     return name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")
 
 
-_SAFETENSORS_DTYPES = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16),
+SAFETENSORS_DTYPES = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16),
                        "F16": np.dtype(np.float16), "F64": np.dtype(np.float64)}
 
 
@@ -111,10 +111,10 @@ def tensor_index(file: str) -> dict[str, TensorEntry]:
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        if meta["dtype"] not in _SAFETENSORS_DTYPES:
+        if meta["dtype"] not in SAFETENSORS_DTYPES:
             raise ValueError(f"tensor {name!r} in {file!r} has unsupported dtype {meta['dtype']}")
         start, end = meta["data_offsets"]
-        out[name] = TensorEntry(_SAFETENSORS_DTYPES[meta["dtype"]], tuple(meta["shape"]), 8 + n + start, end - start)
+        out[name] = TensorEntry(SAFETENSORS_DTYPES[meta["dtype"]], tuple(meta["shape"]), 8 + n + start, end - start)
     return out
 
 
