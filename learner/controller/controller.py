@@ -26,7 +26,8 @@ from cadence.learner.controller.decision import candidate_batch_sizes, choose_ba
 from cadence.learner.controller.interface import AdamHyperparams, Decision, Observation
 from cadence.learner.controller.noise import NoiseScaleEstimator
 from cadence.learner.controller.scaling import optimizer_hyper, rescale
-from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
+from cadence.learner.controller.throughput import (Contention, GenerationThroughput, LearnerThroughput,
+                                                   pipeline_throughput)
 from cadence.learner.row_plan import nearest_multiple
 
 MAX_LOGGED = 1000  # decisions kept in the state dict
@@ -40,8 +41,9 @@ class BatchSizeController:
       learner_cfg: the learner section (start batch size, group/microbatch sizes, optimizer values
         tuned at `cfg.base_batch_size or learner_cfg.batch_size`).
       num_actors: generation engines running in parallel.
-      asynchronous: actors run ahead of the learner (max_staleness > 0): X = min(X_gen, X_train);
-        otherwise the two alternate: 1/X = 1/X_gen + 1/X_train.
+      asynchronous: actors run ahead of the learner (max_staleness > 0): X = min(X_gen, X_train)
+        where the sides overlap, towards 1/X = 1/X_gen + 1/X_train as far as they contend for
+        the same cores (measured each update: throughput.Contention); synchronous: they alternate.
       generation, learner: throughput models (defaults: fitted online); tests pass fixed curves.
       noise: the noise-scale estimator (default: NoiseScaleEstimator(cfg.noise_ema)); tests pass fixed values.
       concurrency: the actors' prompts per call at the start (actors.prompts_per_call).
@@ -60,6 +62,8 @@ class BatchSizeController:
         self.noise = noise or NoiseScaleEstimator(cfg.noise_ema)
         self.generation = generation or GenerationThroughput(num_actors, cfg.saturation_prior)
         self.learner = learner or LearnerThroughput()
+        self.contention = Contention()  # how far the two sides' times add up (asynchronous)
+        self.num_actors = num_actors
         self.window: collections.deque = collections.deque(maxlen=cfg.window)
         self.last_change = 0  # step of the last change (dwell counts from here)
         self.prev: dict | None = None  # previous step's cumulative generation counters
@@ -131,6 +135,7 @@ class BatchSizeController:
         if warm and obs.train_seconds:
             self.learner.observe(b, float(obs.train_seconds))
         self._observe_generation(warm, obs)
+        self._metrics["controller/contention"] = self.contention.value
         # keys as checkpoints hold them
         self.window.append({"ess": obs.ess, "clip_frac": obs.clip_frac, "staleness/mean": obs.staleness_mean,
                             "staleness/max": obs.staleness_max, "learning_rate": obs.learning_rate})
@@ -151,6 +156,9 @@ class BatchSizeController:
         tokens_per_sample = float(obs.tokens) / max(obs.batch_size, 1)
         if busy > 0 and tokens > 0 and tokens_per_sample > 0:
             self.generation.observe(cur["c"], tokens / tokens_per_sample / busy)
+        if obs.train_seconds:  # the engines generate side by side: their span is busy / engines
+            self.contention.observe(cur["wall_time"] - prev["wall_time"], busy / self.num_actors,
+                                    float(obs.train_seconds))
 
     def _mean(self, key: str) -> float | None:
         vals = [w[key] for w in self.window if w.get(key) is not None]
@@ -169,7 +177,7 @@ class BatchSizeController:
         x_gen = self.generation.predict(c) if c is not None else None
         if x_train is None or x_gen is None:
             return None
-        return pipeline_throughput(x_gen, x_train, self.asynchronous)
+        return pipeline_throughput(x_gen, x_train, self.asynchronous, self.contention.value or 0.0)
 
     def concurrency_for(self, batch_size: int) -> int | None:
         """Actors' prompts per call at `batch_size` (proportional to B when scale_concurrency)."""
@@ -187,7 +195,7 @@ class BatchSizeController:
         ess, clip, stale = self._mean("ess"), self._mean("clip_frac"), self._mean("staleness/mean")
         bn = self.noise.noise_scale
         entry = {"step": step, "batch_size": b, "noise_scale": bn, "ess": ess, "clip_frac": clip,
-                 "staleness_mean": stale, "concurrency": self.concurrency,
+                 "staleness_mean": stale, "concurrency": self.concurrency, "contention": self.contention.value,
                  "learner_cost": self.learner.cost(), "generation_curve": self.generation.curve()}
         decision = self._rule(step, b, bn, ess, clip, stale, entry)
         entry.update(action=entry.get("action", "hold"), reason=decision.reason,
@@ -253,7 +261,7 @@ class BatchSizeController:
                 "needs_initial_scaling": self._needs_initial_scaling,
                 "window": list(self.window), "noise": self.noise.state_dict(),
                 "generation": self.generation.state_dict(), "learner": self.learner.state_dict(),
-                "decisions": list(self.decisions)}
+                "contention": self.contention.state_dict(), "decisions": list(self.decisions)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict returned. A state with only the course (batch_size and
@@ -270,4 +278,6 @@ class BatchSizeController:
         self.noise.load_state_dict(state["noise"])
         self.generation.load_state_dict(state["generation"])
         self.learner.load_state_dict(state["learner"])
+        if "contention" in state:  # checkpoints before it: measured afresh
+            self.contention.load_state_dict(state["contention"])
         self.decisions = list(state["decisions"])

@@ -137,8 +137,44 @@ class LearnerThroughput:
         self.ema.load_state_dict(state["ema"])
 
 
-def pipeline_throughput(x_gen: float, x_train: float, asynchronous: bool) -> float:
-    """Samples/s of the whole pipeline: min of the two sides if they overlap, harmonic if they alternate."""
-    if asynchronous:
-        return min(x_gen, x_train)
-    return 1.0 / (1.0 / x_gen + 1.0 / x_train)
+def pipeline_throughput(x_gen: float, x_train: float, asynchronous: bool, contention: float = 0.0) -> float:
+    """Samples/s of the whole pipeline. Per sample it takes the slower side's time plus `contention`
+    (0..1) times the faster side's: 0 where the two overlap on hardware of their own (X = the
+    slower side's rate), 1 where they alternate (synchronous, or actors running ahead on the
+    learner's own cores: 1/X = 1/X_gen + 1/X_train)."""
+    k = contention if asynchronous else 1.0
+    a, b = 1.0 / x_gen, 1.0 / x_train
+    return 1.0 / (max(a, b) + k * min(a, b))
+
+
+class Contention:
+    """How far the two sides' times add up when the actors run ahead of the learner, measured.
+
+    Each update's wall time tau against its two sides' busy times (generation span t_gen, learner
+    t_train): tau ~ max + k min, so k = (tau - max) / min, clipped to [0, 1] and averaged (EMA).
+    Near 0 the sides overlap (actors on devices of their own); towards 1 they take turns on shared
+    cores (actor threads beside SmolLM2's learner on 2 CPU cores: 0.2-1.0 by B, where assuming 0
+    over-predicted X(B) up to 1.7x: docs/controller.md). None until measured; the pipeline model
+    then assumes overlap (0)."""
+
+    def __init__(self, decay: float = 0.8):
+        self.decay = decay
+        self._sum, self._weight = 0.0, 0.0  # bias-corrected EMA, as _PointEMA's
+
+    def observe(self, wall_seconds: float, generation_seconds: float, train_seconds: float) -> None:
+        short, long = sorted((generation_seconds, train_seconds))
+        if not (short > 0 and wall_seconds > 0 and math.isfinite(wall_seconds)):
+            return
+        k = min(max((wall_seconds - long) / short, 0.0), 1.0)
+        self._sum = self.decay * self._sum + (1 - self.decay) * k
+        self._weight = self.decay * self._weight + (1 - self.decay)
+
+    @property
+    def value(self) -> float | None:
+        return self._sum / self._weight if self._weight > 0 else None
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "sum": self._sum, "weight": self._weight}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.decay, self._sum, self._weight = float(state["decay"]), float(state["sum"]), float(state["weight"])

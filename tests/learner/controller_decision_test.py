@@ -5,7 +5,8 @@ import pytest
 from cadence.learner.config import LearnerConfig
 from cadence.learner.controller import BatchSizeController, ControllerConfig, Generation, GradientNorms, Observation
 from cadence.learner.controller.decision import candidate_batch_sizes, choose_batch_size, time_to_target_score
-from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
+from cadence.learner.controller.throughput import (Contention, GenerationThroughput, LearnerThroughput,
+                                                   pipeline_throughput)
 
 LEARNER = LearnerConfig(batch_size=128, microbatch_size=16, group_size=8)
 
@@ -187,6 +188,47 @@ def test_fitted_models_recover_hand_made_curves():
     assert pipeline_throughput(100.0, 100.0, False) == pytest.approx(50.0)
 
 
+def test_contention_weighs_the_faster_side_between_overlap_and_alternation():
+    assert pipeline_throughput(100.0, 50.0, True, contention=0.0) == 50.0  # overlapped: the slower side
+    assert pipeline_throughput(100.0, 50.0, True, contention=1.0) == pytest.approx(1 / (1 / 100 + 1 / 50))
+    assert pipeline_throughput(100.0, 50.0, True, contention=0.5) == pytest.approx(1 / (1 / 50 + 0.5 / 100))
+    assert pipeline_throughput(100.0, 50.0, False, contention=0.0) == pytest.approx(1 / (1 / 100 + 1 / 50))
+    k = Contention(decay=0.5)
+    assert k.value is None
+    k.observe(1.5, 0.5, 1.0)  # wall = both sides' times: they took turns
+    assert k.value == pytest.approx(1.0)
+    k.observe(1.0, 0.5, 1.0)  # wall = the slower side's: they overlapped
+    assert k.value == pytest.approx((0.5 * 1.0 + 1.0 * 0.0) / 1.5)  # the bias-corrected EMA of 1, 0
+    for wall, k_want in ((3.0, 1.0), (0.2, 0.0), (1.25, 0.5)):  # clipped to [0, 1]
+        one = Contention()
+        one.observe(wall, 1.0, 0.5)
+        assert one.value == pytest.approx(k_want)
+    one.observe(1.0, 0.0, 1.0)  # no generation time measured: nothing learned
+    assert one.value == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("wall, grows", [(1.0, False), (1.5, True)])
+def test_sides_that_take_turns_make_a_memory_bound_generator_worth_a_larger_batch(wall, grows):
+    """The learner's rate is flat in B; generation is memory-bound (its rate grows with the
+    concurrency, which follows B). Where the sides overlap (each update's wall = the slower side's
+    time) the pipeline runs at the learner's rate whatever B: nothing to gain, B holds. Where they
+    take turns on shared cores (wall = both times), generation's cost per sample falls with B and
+    the controller, having measured that, grows B (B_noise far above)."""
+    ctrl = make(1e4, memory_bound, lambda b: 100.0)
+    b, c, busy, clock, sizes = 128, 16, 0.0, 0.0, []
+    for step in range(1, 31):
+        busy, clock = busy + 0.5, clock + wall  # per update: generation 0.5 s, learner 1.0 s
+        d = ctrl.update(Observation(step=step, batch_size=b, ess=0.9, clip_frac=0.05, staleness_mean=0.5,
+                                    learning_rate=1e-3, train_seconds=1.0, tokens=1000.0,
+                                    generation=Generation(clock, 100.0, busy, c)))
+        if d is not None and d.batch_size is not None:
+            b, c = d.batch_size, d.concurrency or c
+        sizes.append(b)
+    assert ctrl.contention.value == pytest.approx(1.0 if grows else 0.0)
+    assert (max(sizes) > 128) == grows, (sizes, ctrl.decisions[-1]["reason"])
+    assert ctrl.metrics()["controller/contention"] == pytest.approx(ctrl.contention.value)
+
+
 def test_state_dict_round_trip_continues_identically():
     import json
 
@@ -206,3 +248,4 @@ def test_state_dict_round_trip_continues_identically():
     obs = observation(6)
     da, db = a.update(obs), b.update(obs)
     assert da == db and a.noise.noise_scale == b.noise.noise_scale and a.metrics() == b.metrics()
+    assert a.contention.value is not None and b.contention.value == a.contention.value
