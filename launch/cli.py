@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="throughput: also time the whole pipeline X(B) with a short real run per batch size")
     x.add_argument("--pipeline-updates", type=int, default=None,
                    help="throughput: updates of each pipeline run (update 1 compiles, the rest are timed)")
+    x.add_argument("--controller-start", default=None, choices=["smallest", "middle"],
+                   help="decision-rule: the batch size the controller run starts at (default middle)")
+    x.add_argument("--window", type=int, default=None, help="decision-rule: the controller's window (updates)")
+    x.add_argument("--dwell", type=int, default=None, help="decision-rule: the controller's dwell (updates)")
     x.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the base training config")
     a = sub.add_parser("actor", help="join a running learner as an actor process (this host or another)")
     a.add_argument("--connect", required=True, metavar="ENDPOINT",
@@ -209,7 +213,8 @@ def cmd_experiment(args) -> int:
             "eval_samples": args.eval_samples, "target": args.target, "metric": args.metric,
             "concurrencies": tuple(args.concurrencies) if args.concurrencies else None,
             "pipeline_batch_sizes": tuple(args.pipeline_batch_sizes) if args.pipeline_batch_sizes else None,
-            "pipeline_updates": args.pipeline_updates}
+            "pipeline_updates": args.pipeline_updates, "controller_start": args.controller_start,
+            "window": args.window, "dwell": args.dwell}
     try:
         results = run_experiment(args.name, cfg, args.out, args.quick,
                                  log=lambda msg: print(msg, file=sys.stderr, flush=True), **opts)
@@ -294,7 +299,8 @@ def cmd_report(args) -> int:
 
 
 _OVERRIDE = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
-_ONE_VALUE = {"--out", "--config", "--max-samples", "--eval-samples", "--target", "--metric"}
+_ONE_VALUE = {"--out", "--config", "--max-samples", "--eval-samples", "--target", "--metric", "--controller-start",
+              "--window", "--dwell"}
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:

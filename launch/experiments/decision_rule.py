@@ -3,8 +3,8 @@
 Predicted T(B) = (1 + B / B_noise) / X(B) (up to a constant), with B_noise the median of the
 noise-scale estimates logged in the fixed runs and X(B) each run's measured samples/s; both the
 predicted and the measured times are shown relative to the best fixed B. The controller run starts
-at the middle batch size with the same sqrt rule; acceptance: within 1.15x of the best fixed B and
-at least 1.3x better than the worst.
+at the middle batch size (or the smallest: `controller_start`) with the same sqrt rule; acceptance:
+within 1.15x of the best fixed B and at least 1.3x better than the worst.
 """
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ from cadence.learner.controller import make_controller
 from cadence.learner.controller.decision import time_to_target_score
 
 QUICK = dict(batch_sizes=(16, 32, 64), seeds=(0,), max_samples=1024, eval_samples=128, target="auto",
-             metric="eval/reward", window=2, dwell=4)
+             metric="eval/reward", window=2, dwell=4, controller_start="middle")
 FULL = dict(batch_sizes=(64, 128, 256, 512), seeds=(0, 1, 2), max_samples=80_000, eval_samples=2048,
-            target="0.5", metric="eval/exact_match", window=10, dwell=20)
+            target="0.5", metric="eval/exact_match", window=10, dwell=20, controller_start="middle")
 
 
 def controller_runs(base: Config, out: str, p: dict, stop_at: float = 0.0, log=print) -> list[dict]:
     bs = sorted(p["batch_sizes"])
-    start = bs[len(bs) // 2]
+    start = controller_start(p)
     base_b = base.controller.base_batch_size or base.learner.batch_size
     records = []
     for seed in p["seeds"]:
@@ -54,6 +54,14 @@ def controller_runs(base: Config, out: str, p: dict, stop_at: float = 0.0, log=p
         log(f"  controller seed {seed}: B path {_path(rec['batch_sizes'])}")
         records.append(rec)
     return records
+
+
+def controller_start(p: dict) -> int:
+    """The batch size the controller run starts at: the middle of the fixed ones, or the smallest."""
+    bs = sorted(p["batch_sizes"])
+    if p["controller_start"] not in ("smallest", "middle"):
+        raise ValueError(f"controller_start: 'smallest' or 'middle', got {p['controller_start']!r}")
+    return bs[0] if p["controller_start"] == "smallest" else bs[len(bs) // 2]
 
 
 def _path(sizes) -> str:
@@ -118,7 +126,7 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
         common.markdown_table(["B", "samples to target", "samples/s", "wall to target (s)", "measured / best",
                                "predicted / best"], table),
         f"Best fixed B (measured) {best_b}, predicted best {predicted_best}, worst {worst_b}.",
-        f"Controller (start B={sorted(p['batch_sizes'])[len(p['batch_sizes']) // 2]}): wall to target "
+        f"Controller (start B={controller_start(p)}): wall to target "
         f"{ctrl_wall if ctrl_wall is None else ('' if ctrl_reached else '>= ') + f'{ctrl_wall:.1f} s'}; vs best fixed "
         f"{vs_best if vs_best is None else f'{vs_best:.2f}x'} (acceptance <= 1.15x); worst fixed / controller "
         f"{vs_worst if vs_worst is None else ('>= ' if worst_is_bound else '') + f'{vs_worst:.2f}x'} "

@@ -103,6 +103,18 @@ def test_overrides_may_follow_list_options(capsys, tmp_path):
         main(["eval", "some-dir", "run.steps=1"])  # eval takes no overrides
 
 
+def test_the_decision_rule_controller_starts_where_asked():
+    from cadence.launch.experiments.decision_rule import QUICK, controller_start
+
+    assert controller_start({**QUICK, "batch_sizes": (64, 16, 32)}) == 32  # the middle, by default
+    assert controller_start({**QUICK, "batch_sizes": (64, 16, 32), "controller_start": "smallest"}) == 16
+    with pytest.raises(ValueError, match="^controller_start:"):
+        controller_start({**QUICK, "controller_start": "largest"})
+    rest, overrides = split_overrides(["experiment", "decision-rule", "--controller-start", "smallest",
+                                       "--dwell", "8", "run.steps=2"])
+    assert overrides == ["run.steps=2"] and rest[-4:] == ["--controller-start", "smallest", "--dwell", "8"]
+
+
 @pytest.mark.slow
 def test_batch_invariance_quick_end_to_end(tmp_path, capsys):
     """The CI smoke at its smallest: two batch sizes, two rules, one seed (~1-2 minutes on 2 cores)."""
