@@ -20,6 +20,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 from flax import nnx
+
 from cadence.learner.models import hf_config
 from cadence.learner.models.config import ModelConfig
 from cadence.learner.models.hf_load import SAFETENSORS_DTYPES, INDEX_FILE, hf_name, is_kernel
