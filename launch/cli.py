@@ -194,14 +194,18 @@ def cmd_eval(args) -> int:
 
 def cmd_experiment(args) -> int:
     from cadence.launch.config import load_config
+    from cadence.launch import config_loader
     from cadence.launch.config_loader import ConfigError
     from cadence.launch.experiments import batch_invariance, run_experiment
 
     size = batch_invariance.QUICK if args.quick else batch_invariance.FULL
-    # the experiment's own base settings (smaller warm-up / larger held-out set); the user's win
-    extra = list(size["overrides"]) if args.name != "throughput" else []
+    # the experiment's own base settings (smaller warm-up / larger held-out set): for the keys the
+    # user's files and overrides leave unset (a --config's task.heldout_size: 64 must not become 2048)
     notes: list[str] = []
     try:
+        given = config_loader.given_keys(list(args.config), list(args.overrides))
+        extra = [o for o in (size["overrides"] if args.name != "throughput" else ())
+                 if o.split("=", 1)[0] not in given]
         cfg = load_config(args.config, extra + list(args.overrides), notes)
     except ConfigError as e:
         return _fail(f"config error: {e}", EXIT_CONFIG)
