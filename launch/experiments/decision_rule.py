@@ -9,6 +9,7 @@ within 1.15x of the best fixed B and at least 1.3x better than the worst.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 
@@ -16,7 +17,6 @@ from cadence.launch.observe import plots
 from cadence.launch.config import Config
 from cadence.launch.experiments import common
 from cadence.launch.experiments.batch_invariance import run_grid
-from cadence.launch.run.train import train
 from cadence.learner.controller import make_controller
 from cadence.learner.controller.decision import time_to_target_score
 
@@ -46,11 +46,18 @@ def controller_runs(base: Config, out: str, p: dict, stop_at: float = 0.0, log=p
                                            min_batch_size=bs[0], max_batch_size=bs[-1], scaling="sqrt",
                                            base_batch_size=0))
         ctrl = make_controller(cfg.controller, cfg.learner, cfg.actors)
-        if os.path.exists(run_dir):  # redone whole: its decisions live in the controller object
-            shutil.rmtree(run_dir)
-        train(cfg, run_dir, controller=ctrl)
+        decisions_path = os.path.join(run_dir, "controller_decisions.json")
+        if os.path.exists(run_dir) and not os.path.isfile(decisions_path):
+            shutil.rmtree(run_dir)  # unfinished (its decisions were never written): redone whole
+        # a finished run of the same config is reused, as the fixed runs are: an experiment can
+        # then grow by seeds over several sessions
+        common.train_or_reuse(cfg, run_dir, ctrl, log=log)
+        if not os.path.isfile(decisions_path):  # trained just now
+            common.write_json(decisions_path, ctrl.decisions)
+        with open(decisions_path) as f:
+            decisions = json.load(f)
         rec = common.run_record(cfg, run_dir, p["metric"], batch_size="controller", scaling="sqrt", seed=seed)
-        rec["controller_decisions"] = ctrl.decisions
+        rec["controller_decisions"] = decisions
         log(f"  controller seed {seed}: B path {_path(rec['batch_sizes'])}")
         records.append(rec)
     return records

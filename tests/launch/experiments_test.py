@@ -103,6 +103,22 @@ def test_overrides_may_follow_list_options(capsys, tmp_path):
         main(["eval", "some-dir", "run.steps=1"])  # eval takes no overrides
 
 
+def test_an_experiments_size_settings_yield_to_the_users_config_file(tmp_path, monkeypatch):
+    """The full size's task.heldout_size=2048 applies only where the user set none: a --config
+    with heldout_size 64 (SmolLM2's decision-rule config) once evaluated 2,048 prompts instead."""
+    from cadence.launch import experiments
+
+    seen = []
+    monkeypatch.setattr(experiments, "run_experiment", lambda name, base, *a, **k: (seen.append(base), {"out": "x"})[1])
+    config = tmp_path / "c.yaml"
+    config.write_text("task:\n  heldout_size: 64\n")
+    for argv, want in ([["--config", str(config)], 64], [["--config", str(config), "task.heldout_size=32"], 32],
+                       [[], 2048], [["--quick"], 64]):
+        assert main(["experiment", "decision-rule", "--out", str(tmp_path / "x"), *argv]) == 0
+        assert seen[-1].task.heldout_size == want, argv
+    assert seen[-1].learner.sft.steps == 10  # the quick size's other setting, which no one set
+
+
 def test_the_decision_rule_controller_starts_where_asked():
     from cadence.launch.experiments.decision_rule import QUICK, controller_start
 
@@ -139,6 +155,39 @@ def test_batch_invariance_quick_end_to_end(tmp_path, capsys):
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
     report = (out / "report.md").read_text()
     assert "Batch invariance" in report and "curves.png" in report and "| sqrt |" in report
+
+
+@pytest.mark.slow
+def test_the_decision_rules_controller_run_is_reused_with_its_decisions(tmp_path, monkeypatch):
+    """An experiment grown by a seed in a later session retrains nothing it already finished, the
+    controller's run included (its decisions were kept beside it, not only in the controller object)."""
+    from cadence.launch.experiments import decision_rule
+    from cadence.launch.experiments.decision_rule import controller_runs
+    from cadence.launch.run import train as train_module
+
+    base = load_config(overrides=["learner.sft.steps=0", "task.heldout_size=8", "run.progress=false"])
+    p = dict(batch_sizes=(16, 32), seeds=(0,), max_samples=64, eval_samples=32, metric="eval/reward",
+             window=1, dwell=1, controller_start="smallest")
+    made, make = [], decision_rule.make_controller  # the controllers the runs were given
+    monkeypatch.setattr(decision_rule, "make_controller", lambda *a: (made.append(make(*a)), made[-1])[1])
+    first = controller_runs(base, str(tmp_path), p, log=lambda *_: None)
+    assert len(made) == 1 and made[0].decisions  # at least its first measurement's entry
+    saved = json.load(open(tmp_path / "runs" / "controller-s0" / "controller_decisions.json"))
+    assert [d["batch_size"] for d in saved] == [d["batch_size"] for d in made[0].decisions]
+    assert first[0]["controller_decisions"] == saved
+
+    real_train, trained = train_module.train, []
+    monkeypatch.setattr(train_module, "train", lambda cfg, run_dir, **k: (trained.append(run_dir),
+                                                                          real_train(cfg, run_dir, **k))[1])
+    again = controller_runs(base, str(tmp_path), {**p, "seeds": (0, 1)}, log=lambda *_: None)
+    assert trained == [str(tmp_path / "runs" / "controller-s1")]  # seed 0 reused, seed 1 trained
+    assert again[0]["controller_decisions"] == saved and again[0]["curve"] == first[0]["curve"]
+    assert json.load(open(tmp_path / "runs" / "controller-s1" / "controller_decisions.json"))
+
+    os.remove(tmp_path / "runs" / "controller-s1" / "controller_decisions.json")  # as if it died in train()
+    trained.clear()
+    controller_runs(base, str(tmp_path), {**p, "seeds": (1,)}, log=lambda *_: None)
+    assert trained == [str(tmp_path / "runs" / "controller-s1")]  # redone whole
 
 
 def test_train_or_reuse_reuses_only_a_finished_run_of_the_same_config(tmp_path):
