@@ -9,6 +9,7 @@ within 1.15x of the best fixed B and at least 1.3x better than the worst.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -125,7 +126,7 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
                "controller_vs_best": vs_best, "worst_vs_controller": vs_worst,
                "worst_vs_controller_is_lower_bound": worst_is_bound, "runs": fixed + ctrl}
     common.write_json(os.path.join(out, "results.json"), results)
-    _plot(rows, ctrl, fixed, os.path.join(out, "decision_rule.png"))
+    _plot(rows, ctrl, fixed, os.path.join(out, "decision_rule.png"), noise_scale=bn)
     report = "\n\n".join([
         "# Decision rule",
         f"{'Quick' if quick else 'Full'} size; target {target:.4g} on held-out `{p['metric']}`; "
@@ -147,7 +148,26 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
     return results
 
 
-def _plot(rows, ctrl, fixed, path):
+def _plot(rows, ctrl, fixed, path, noise_scale=None):
+    """Four panels: X(B) and E(B) (samples to target) by B, time to target (measured and
+    predicted) relative to the best B, and the held-out curves with the controller's B path."""
+    bx = [x for x in rows if rows[x]["samples_per_second"] is not None]
+    x_panel = plots.Panel("throughput X(B)", "batch size", "samples/s (fixed-B runs)",
+                          [plots.Line(bx, [rows[x]["samples_per_second"] for x in bx], "measured", "o-")],
+                          xlog2=True)
+    be = [x for x in rows if rows[x]["samples_to_target"] is not None]
+    e = [plots.Line(be, [rows[x]["samples_to_target"] for x in be], "measured (median seed)", "o-")]
+    low = [x for x in be if not rows[x]["reached"]]
+    if low:
+        e.append(plots.Line(low, [rows[x]["samples_to_target"] for x in low], "lower bound (did not reach)",
+                            "^", ms=10, mfc="none"))
+    reached = [x for x in be if rows[x]["reached"]]
+    if noise_scale and reached:  # 1 + B / B_noise through the best reached point
+        b0 = min(reached, key=lambda x: rows[x]["samples_to_target"])
+        c = rows[b0]["samples_to_target"] / (1 + b0 / noise_scale)
+        e.append(plots.Line(be, [c * (1 + x / noise_scale) for x in be],
+                            f"1 + B/B_noise (B_noise {noise_scale:.3g}), through B={b0}", "s--"))
+    e_panel = plots.Panel("samples to target E(B)", "batch size", "samples", e, xlog2=True)
     bs = [x for x in rows if rows[x]["measured_relative"] is not None]
     a = [plots.Line(bs, [rows[x]["measured_relative"] for x in bs], "measured", "o-")]
     low = [x for x in bs if not rows[x]["reached"]]
@@ -160,8 +180,15 @@ def _plot(rows, ctrl, fixed, path):
     for r in fixed:
         s, w, v = zip(*r["curve"])
         b.append(plots.Line(w, v, f"B={r['batch_size']} s{r['seed']}", alpha=0.6))
+    path_lines = []
     for r in ctrl:
         s, w, v = zip(*r["curve"])
         b.append(plots.Line(w, v, f"controller s{r['seed']}", "k-", lw=2))
-    plots.save_png([plots.Panel("", "batch size", "time to target / best fixed B", a, xlog2=True),
-                    plots.Panel("", "wall seconds (RL)", "held-out score", b, legend_fontsize=7)], path)
+        path_lines.append(plots.Line(list(itertools.accumulate(r["batch_sizes"])), r["batch_sizes"],
+                                     f"controller s{r['seed']}", "-", lw=2))
+    panels = [x_panel, e_panel,
+              plots.Panel("", "batch size", "time to target / best fixed B", a, xlog2=True),
+              plots.Panel("", "wall seconds (RL)", "held-out score", b, legend_fontsize=7)]
+    if path_lines:
+        panels.append(plots.Panel("the controller's path", "samples", "batch size", path_lines))
+    plots.save_png(panels, path, ncols=3)

@@ -103,6 +103,29 @@ def test_overrides_may_follow_list_options(capsys, tmp_path):
         main(["eval", "some-dir", "run.steps=1"])  # eval takes no overrides
 
 
+def test_the_decision_rule_plot_draws_x_e_t_and_the_controllers_path(tmp_path, monkeypatch):
+    from cadence.launch.experiments import decision_rule
+    from cadence.launch.observe import plots
+
+    rows = {8: dict(samples_per_second=0.37, samples_to_target=400.0, reached=True, measured_relative=1.0,
+                    predicted_relative=1.0),
+            64: dict(samples_per_second=0.67, samples_to_target=768.0, reached=False, measured_relative=1.2,
+                     predicted_relative=1.5)}
+    fixed = [dict(record(8, "sqrt", 0, [0.1, 0.3]), batch_size=8), dict(record(64, "sqrt", 0, [0.1, 0.2]), batch_size=64)]
+    ctrl = [dict(record("controller", "sqrt", 0, [0.1, 0.3]), batch_sizes=[8, 8, 16, 16])]
+    drawn = []
+    monkeypatch.setattr(plots, "save_png", lambda panels, path, **kw: drawn.append(panels))
+    decision_rule._plot(rows, ctrl, fixed, str(tmp_path / "d.png"), noise_scale=64.0)
+    x, e, t, curves, path = drawn[0]
+    assert list(x.lines[0].x) == [8, 64] and list(x.lines[0].y) == [0.37, 0.67]
+    assert [ln.label.split(" (")[0] for ln in e.lines] == ["measured", "lower bound", "1 + B/B_noise"]
+    assert list(e.lines[2].y) == pytest.approx([400.0, 400.0 / 1.125 * 2])  # through B=8, the best reached
+    assert list(path.lines[0].x) == [8, 16, 32, 48] and list(path.lines[0].y) == [8, 8, 16, 16]
+    monkeypatch.undo()
+    decision_rule._plot(rows, ctrl, fixed, str(tmp_path / "d.png"), noise_scale=64.0)
+    assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_an_experiments_size_settings_yield_to_the_users_config_file(tmp_path, monkeypatch):
     """The full size's task.heldout_size=2048 applies only where the user set none: a --config
     with heldout_size 64 (SmolLM2's decision-rule config) once evaluated 2,048 prompts instead."""
