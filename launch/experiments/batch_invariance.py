@@ -46,7 +46,7 @@ def run_grid(base: Config, out: str, batch_sizes, scalings, seeds, max_samples, 
                                         summary_wall=summary["wall_time"])
                 trained[same] = rec
                 log(f"  B={b:<4} {scaling:<6} seed {seed}: final {metric} {rec['curve'][-1][2]:.3f} "
-                    f"at {rec['curve'][-1][0]} samples, {rec['samples_per_second'] or 0:.0f} samples/s")
+                    f"at {rec['curve'][-1][0]} samples, {rec['samples_per_second'] or 0:.3g} samples/s")
                 records.append(rec)
     return records
 

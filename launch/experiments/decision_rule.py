@@ -152,7 +152,7 @@ def _plot(rows, ctrl, fixed, path, noise_scale=None):
     """Four panels: X(B) and E(B) (samples to target) by B, time to target (measured and
     predicted) relative to the best B, and the held-out curves with the controller's B path."""
     bx = [x for x in rows if rows[x]["samples_per_second"] is not None]
-    x_panel = plots.Panel("throughput X(B)", "batch size", "samples/s (fixed-B runs)",
+    x_panel = plots.Panel("throughput X(B)", "batch size", "samples/s (fixed-B runs, evaluations included)",
                           [plots.Line(bx, [rows[x]["samples_per_second"] for x in bx], "measured", "o-")],
                           xlog2=True)
     be = [x for x in rows if rows[x]["samples_to_target"] is not None]
@@ -190,5 +190,6 @@ def _plot(rows, ctrl, fixed, path, noise_scale=None):
               plots.Panel("", "batch size", "time to target / best fixed B", a, xlog2=True),
               plots.Panel("", "wall seconds (RL)", "held-out score", b, legend_fontsize=7)]
     if path_lines:
-        panels.append(plots.Panel("the controller's path", "samples", "batch size", path_lines))
+        panels.append(plots.Panel("the controller's path (dashed: the fixed B)", "samples", "batch size",
+                                  path_lines, hlines=sorted(rows)))
     plots.save_png(panels, path, ncols=3)
