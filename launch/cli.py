@@ -195,7 +195,6 @@ def cmd_eval(args) -> int:
 def cmd_experiment(args) -> int:
     from cadence.launch.config import load_config
     from cadence.launch import config_loader
-    from cadence.launch.config_loader import ConfigError
     from cadence.launch.experiments import batch_invariance, run_experiment
 
     size = batch_invariance.QUICK if args.quick else batch_invariance.FULL
@@ -207,7 +206,7 @@ def cmd_experiment(args) -> int:
         extra = [o for o in (size["overrides"] if args.name != "throughput" else ())
                  if o.split("=", 1)[0] not in given]
         cfg = load_config(args.config, extra + list(args.overrides), notes)
-    except ConfigError as e:
+    except config_loader.ConfigError as e:
         return _fail(f"config error: {e}", EXIT_CONFIG)
     for note in notes:
         print(f"cadence: note: {note}", file=sys.stderr)

@@ -149,18 +149,14 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
 
 
 def _plot(rows, ctrl, fixed, path, noise_scale=None):
-    """Four panels: X(B) and E(B) (samples to target) by B, time to target (measured and
-    predicted) relative to the best B, and the held-out curves with the controller's B path."""
+    """Panels: X(B) and E(B) (samples to target) by B, time to target (measured and predicted)
+    relative to the best B, the held-out curves, and the controller's B path (with a controller run)."""
     bx = [x for x in rows if rows[x]["samples_per_second"] is not None]
     x_panel = plots.Panel("throughput X(B)", "batch size", "samples/s (fixed-B runs, evaluations included)",
                           [plots.Line(bx, [rows[x]["samples_per_second"] for x in bx], "measured", "o-")],
                           xlog2=True)
     be = [x for x in rows if rows[x]["samples_to_target"] is not None]
-    e = [plots.Line(be, [rows[x]["samples_to_target"] for x in be], "measured (median seed)", "o-")]
-    low = [x for x in be if not rows[x]["reached"]]
-    if low:
-        e.append(plots.Line(low, [rows[x]["samples_to_target"] for x in low], "lower bound (did not reach)",
-                            "^", ms=10, mfc="none"))
+    e = _measured(rows, be, "samples_to_target")
     reached = [x for x in be if rows[x]["reached"]]
     if noise_scale and reached:  # 1 + B / B_noise through the best reached point
         b0 = min(reached, key=lambda x: rows[x]["samples_to_target"])
@@ -168,12 +164,7 @@ def _plot(rows, ctrl, fixed, path, noise_scale=None):
         e.append(plots.Line(be, [c * (1 + x / noise_scale) for x in be],
                             f"1 + B/B_noise (B_noise {noise_scale:.3g}), through B={b0}", "s--"))
     e_panel = plots.Panel("samples to target E(B)", "batch size", "samples", e, xlog2=True)
-    bs = [x for x in rows if rows[x]["measured_relative"] is not None]
-    a = [plots.Line(bs, [rows[x]["measured_relative"] for x in bs], "measured", "o-")]
-    low = [x for x in bs if not rows[x]["reached"]]
-    if low:
-        a.append(plots.Line(low, [rows[x]["measured_relative"] for x in low],
-                            "lower bound (median seed did not reach)", "^", ms=10, mfc="none"))
+    a = _measured(rows, [x for x in rows if rows[x]["measured_relative"] is not None], "measured_relative")
     bp = [x for x in rows if rows[x]["predicted_relative"] is not None]
     a.append(plots.Line(bp, [rows[x]["predicted_relative"] for x in bp], "predicted (1 + B/B_noise) / X(B)", "s--"))
     b = []
@@ -193,3 +184,14 @@ def _plot(rows, ctrl, fixed, path, noise_scale=None):
         panels.append(plots.Panel("the controller's path (dashed: the fixed B)", "samples", "batch size",
                                   path_lines, hlines=sorted(rows)))
     plots.save_png(panels, path, ncols=3)
+
+
+def _measured(rows, bs, key):
+    """The measured `key` by B (median seed), with the B whose median seed did not reach the
+    target marked as lower bounds."""
+    lines = [plots.Line(bs, [rows[x][key] for x in bs], "measured (median seed)", "o-")]
+    low = [x for x in bs if not rows[x]["reached"]]
+    if low:
+        lines.append(plots.Line(low, [rows[x][key] for x in low], "lower bound (median seed did not reach)",
+                                "^", ms=10, mfc="none"))
+    return lines
