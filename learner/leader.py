@@ -139,16 +139,17 @@ class _LeaderStep(_Wrapped):
             lead.register(state.params)
             return state
 
-    def update(self, state, microbatches, num_tokens: int):
+    def update(self, state, microbatches, num_tokens: int, units=None):
         lead = self._leader
         if not microbatches:
             raise ValueError("update: no microbatches")
+        units = None if units is None else [int(u) for u in units]
         with lead.lock:
             whole, parts = whole_batch(microbatches), lead.split_rows(microbatches)
             lead.send("update", {"num_tokens": int(num_tokens), "gen": lead.generation(state.params),
-                                 "step": int(state.step), "whole": list(whole)},
+                                 "step": int(state.step), "whole": list(whole), "units": units},
                       parts=[microbatch_arrays(part) for part in parts])
-            state, metrics = self._inner.update(state, parts[0], num_tokens, whole=whole)
+            state, metrics = self._inner.update(state, parts[0], num_tokens, whole=whole, units=units)
             lead.register(state.params)
             return state, metrics
 
@@ -273,8 +274,10 @@ class Follower:
             self.checkpointer.wait()
         state = self._with_params(meta["gen"])._replace(step=meta["step"])
         rows, sequences, loss_tokens = meta["whole"]
+        # the same units as the leader: every process runs the same programs in the same order
         self.state, _ = self.step.update(state, microbatches_from(arrays), meta["num_tokens"],
-                                         whole=WholeBatch(rows, tuple(sequences), tuple(loss_tokens)))
+                                         whole=WholeBatch(rows, tuple(sequences), tuple(loss_tokens)),
+                                         units=meta.get("units"))
         self._hold(self.state.params)
 
     def _on_hyper(self, meta, arrays):

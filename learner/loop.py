@@ -160,11 +160,13 @@ class LearnerLoop:
     def train_on(self, state, batch: Batch):
         s = self.settings
         t0 = time.perf_counter()
+        units = self.controller.gradient_units if self.controller is not None else 0
         microbatches, stats = layout_microbatches(batch.groups, s.seq_len, s.microbatch_size, s.microbatch_tokens,
-                                                  s.pad_id, s.grpo)
+                                                  s.pad_id, s.grpo, units)
         if self.before_update is not None:
             self.before_update()
-        state, metrics = self.train_step.update(state, microbatches, stats["num_tokens"])
+        state, metrics = self.train_step.update(state, microbatches, stats["num_tokens"],
+                                                units=stats.get("unit_microbatches"))
         train_seconds = time.perf_counter() - t0
         self.samples += sum(len(g.rewards) for g in batch.groups)
         rewards = np.concatenate([np.asarray(g.rewards, np.float64) for g in batch.groups])
@@ -189,6 +191,12 @@ class LearnerLoop:
             out["truncation_kl"] = stats["truncation_kl"]
         if "row_fill" in stats:  # packing: real tokens / tokens the learner computed
             out["learner/row_fill"] = stats["row_fill"]
+        if "unit_tokens" in metrics:  # whole-group units: each one's share of the loss's normalizer
+            sizes = stats["unit_samples"]
+            per_token = s.grpo.aggregation == "token_mean"
+            out["unit_samples"] = sizes
+            out["unit_share"] = ([t / max(float(stats["num_tokens"]), 1.0) for t in metrics["unit_tokens"]]
+                                 if per_token else [n / sum(sizes) for n in sizes])
         out.update(self._task_metrics(batch.groups))
         return state, out
 
@@ -242,8 +250,12 @@ def observation(step: int, metrics: dict, generation: Generation | None = None) 
     m = metrics
     grads = None
     if m.get("microbatch_grad_norm_sq") is not None:
+        units = m.get("unit_share") is not None
         grads = GradientNorms(float(m["grad_norm_sq"]), tuple(m["microbatch_grad_norm_sq"]),
-                              tuple(m["microbatch_tokens"]))
+                              tuple(m["microbatch_tokens"]),
+                              unit_grad_norm_sq=tuple(m["unit_grad_norm_sq"]) if units else (),
+                              unit_share=tuple(m["unit_share"]) if units else (),
+                              unit_samples=tuple(int(n) for n in m["unit_samples"]) if units else ())
     return Observation(step=step, batch_size=int(m["batch_size"]), train_seconds=m.get("learner/train_seconds"),
                        tokens=float(m.get("tokens", 0)), gradients=grads, ess=m.get("ess"),
                        clip_frac=m.get("clip_frac"), staleness_mean=m.get("staleness/mean"),

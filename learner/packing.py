@@ -25,6 +25,7 @@ padded.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -87,7 +88,8 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def pack_microbatches(
-    groups: Sequence[Any], seq_len: int, rows_per_mb: int, pad_id: int, grpo_cfg
+    groups: Sequence[Any], seq_len: int, rows_per_mb: int, pad_id: int, grpo_cfg,
+    unit_groups: Sequence[int] | None = None,
 ) -> tuple[list[Microbatch], dict]:
     """Lays out rollout groups packed several samples to a row (see the module docstring).
 
@@ -98,11 +100,14 @@ def pack_microbatches(
       rows_per_mb: rows per microbatch (rows_per_microbatch).
       pad_id: token id of padding.
       grpo_cfg: GRPOConfig (advantages; behavior_logprobs "nucleus").
+      unit_groups: groups per unit, in order (summing to len(groups)): each unit of whole groups
+        is packed into microbatches of its own (split_units); None: one unit.
 
     Returns:
       (microbatches of [rows_per_mb, T]: mask = int32 segment ids, advantages [rows_per_mb, T]
       per token, rewards None; stats as build_microbatches's, plus packed_rows (rows holding a
-      sequence) and row_fill (real tokens / tokens of all microbatches)).
+      sequence), row_fill (real tokens / tokens of all microbatches) and unit_microbatches
+      (microbatches of each unit, in order)).
 
     Raises:
       ValueError: as build_microbatches.
@@ -119,8 +124,18 @@ def pack_microbatches(
     full = [tokens.lengths.astype(np.int64) for tokens, *_ in packed]
     kept = [np.minimum(f, seq_len - p) for f, p in zip(full, prompt_lens)]
     sample_lens = np.concatenate([p + k for p, k in zip(prompt_lens, kept)])
-    row, offset, segment, used = first_fit_decreasing(sample_lens, seq_len)
-    num_mb = max(1, -(-used // rows_per_mb))
+    # Each unit of whole groups is packed on its own, into microbatches of its own.
+    unit_groups = list(unit_groups or [len(groups)])
+    bounds = np.cumsum([0] + [len(k) for k in kept])[np.cumsum([0] + unit_groups)]  # sample index
+    row, offset, segment = (np.zeros(len(sample_lens), np.int64) for _ in range(3))
+    unit_mbs, used, first_row = [], 0, 0
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        r, o, sg, n_rows = first_fit_decreasing(sample_lens[a:b], seq_len)
+        row[a:b], offset[a:b], segment[a:b] = r + first_row, o, sg
+        unit_mbs.append(max(1, -(-n_rows // rows_per_mb)))
+        used += n_rows
+        first_row += unit_mbs[-1] * rows_per_mb
+    num_mb = sum(unit_mbs)
     n_rows = num_mb * rows_per_mb
     shape = (n_rows, seq_len)
     tokens_out = np.full(shape, pad_id, np.int32)
@@ -172,15 +187,57 @@ def pack_microbatches(
                         truncated, truncation_kl)
     stats["packed_rows"] = int(used)
     stats["row_fill"] = float(sample_lens.sum() / (n_rows * seq_len))
+    stats["unit_microbatches"] = unit_mbs
     return microbatches, stats
+
+
+def split_units(num_groups: int, units: int, step: int = 1) -> list[int]:
+    """Groups per unit when `num_groups` consecutive groups are cut into up to `units` units of whole
+    groups, as evenly as cuts every `step` groups allow (fewer units when there are fewer places
+    to cut: one group, one unit)."""
+    cuts = np.arange(step, num_groups, step)  # allowed boundaries strictly inside
+    want = min(max(units, 1), len(cuts) + 1)
+    if want <= 1:
+        return [num_groups]
+    chosen: list[int] = []
+    for k in range(1, want):  # the allowed cut nearest each even split point, each used once
+        free = [c for c in cuts if c not in chosen]
+        chosen.append(int(min(free, key=lambda c: abs(c - k * num_groups / want))))
+    edges = [0, *sorted(chosen), num_groups]
+    return [b - a for a, b in zip(edges[:-1], edges[1:])]
 
 
 
 def layout_microbatches(groups: Sequence, seq_len: int, microbatch_size: int, microbatch_tokens: int, pad_id: int,
-                        grpo_cfg) -> tuple[list[Microbatch], dict]:
+                        grpo_cfg, units: int = 0) -> tuple[list[Microbatch], dict]:
     """A batch's microbatches as the learner's config lays them out: packed to microbatch_tokens
     when it is > 0, else one sample per row, microbatch_size rows each (what a train step built
-    from the same config expects: its loss reads segment ids only when packed)."""
+    from the same config expects: its loss reads segment ids only when packed).
+
+    units >= 2: the groups also split into units of whole groups, consecutive microbatches each
+    (the noise scale's small batches, learner/controller/noise.py): packed, into up to `units`
+    units, each filling microbatches of its own; one sample per row, at every place a microbatch
+    and a group end together (no layout change, so as many as there are). stats then has
+    unit_microbatches and unit_samples (one unit where the batch cannot be cut: one group)."""
+    unit_groups = split_units(len(groups), units) if units >= 2 else None
     if microbatch_tokens > 0:
-        return pack_microbatches(groups, seq_len, rows_per_microbatch(microbatch_tokens, seq_len), pad_id, grpo_cfg)
-    return build_microbatches(groups, seq_len, microbatch_size, pad_id, grpo_cfg)
+        mbs, stats = pack_microbatches(groups, seq_len, rows_per_microbatch(microbatch_tokens, seq_len), pad_id,
+                                       grpo_cfg, unit_groups)
+    else:
+        mbs, stats = build_microbatches(groups, seq_len, microbatch_size, pad_id, grpo_cfg)
+        if unit_groups is not None:
+            sizes = {len(g.rewards) for g in groups}
+            if len(sizes) == 1:  # equal groups of G: a cut wherever a group and a microbatch end together
+                g = sizes.pop()  # (free there: as many units as such places, however few were asked for)
+                unit_groups = split_units(len(groups), max(units, len(mbs)), math.lcm(g, microbatch_size) // g)
+                counts = [n * g // microbatch_size for n in unit_groups]
+                counts[-1] = len(mbs) - sum(counts[:-1])  # the last one holds the batch's part-filled end
+            else:
+                unit_groups, counts = [len(groups)], [len(mbs)]
+            stats["unit_microbatches"] = counts
+    if unit_groups is None:
+        stats.pop("unit_microbatches", None)
+    else:
+        ends = np.cumsum([0, *unit_groups])
+        stats["unit_samples"] = [sum(len(g.rewards) for g in groups[a:b]) for a, b in zip(ends[:-1], ends[1:])]
+    return mbs, stats

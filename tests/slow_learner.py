@@ -8,9 +8,9 @@ class SlowLearner:
     def __init__(self, inner, seconds):
         self.inner, self.seconds = inner, seconds
 
-    def update(self, state, microbatches, num_tokens):
+    def update(self, state, microbatches, num_tokens, **kw):
         time.sleep(self.seconds)
-        return self.inner.update(state, microbatches, num_tokens)
+        return self.inner.update(state, microbatches, num_tokens, **kw)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

@@ -54,6 +54,10 @@ class FixedBatchSize:
     def metrics(self) -> dict[str, Any]:
         return {}
 
+    @property
+    def gradient_units(self) -> int:
+        return 0  # it measures nothing
+
     def state_dict(self) -> dict:
         return {"batch_size": self.batch_size, "concurrency": self.concurrency}
 

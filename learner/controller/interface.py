@@ -75,6 +75,11 @@ class GradientNorms:
     # each microbatch's contribution to g (normalized by the batch's loss tokens), squared
     microbatch_grad_norm_sq: tuple[float, ...]
     microbatch_tokens: tuple[float, ...]  # loss tokens of each microbatch
+    # The same over whole-group units (runs of microbatches holding whole GRPO groups, the noise
+    # estimate's small batches: learner/controller/noise.py); empty when the update had none.
+    unit_grad_norm_sq: tuple[float, ...] = ()  # each unit's contribution to g, squared
+    unit_share: tuple[float, ...] = ()  # its share of the loss normalizer (tokens, or sequences)
+    unit_samples: tuple[int, ...] = ()  # samples in each unit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +120,12 @@ class Controller(Protocol):
 
     def metrics(self) -> dict[str, Any]:
         """Its estimates from the last update for the run's metrics ("controller/..." keys)."""
+        ...
+
+    @property
+    def gradient_units(self) -> int:
+        """Whole-group units per batch it wants gradient norms of (Observation.gradients.unit_*:
+        the learner lays the batch out so no microbatch straddles two); 0: none."""
         ...
 
     def state_dict(self) -> dict:

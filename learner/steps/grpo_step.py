@@ -103,6 +103,11 @@ def _sum_squares(tree) -> jax.Array:
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
 
 
+def _add_unit(grads, part):
+    """(grads + part, |part|^2): a unit's summed gradient into the batch's, with its squared norm."""
+    return jax.tree.map(jnp.add, grads, part), _sum_squares(part)
+
+
 def check_temperature(temperature: float) -> float:
     """The sampler's temperature as the learner divides logits by it; ValueError unless > 0."""
     if not temperature > 0:
@@ -164,6 +169,7 @@ class GRPOTrainStep:
             self._accumulate_proximal = self._accumulate
             self._accumulate_apply = jax.jit(self._accumulate_apply_impl, donate_argnums=donate_apply)
             self._accumulate_apply_proximal = self._accumulate_apply
+            self._add_unit = jax.jit(_add_unit, donate_argnums=(0,))
             return
         p, b, r = layout.params, layout.batch, layout.replicated
         o = layout.opt_state(self.optimizer)
@@ -183,6 +189,7 @@ class GRPOTrainStep:
         self._accumulate_apply_proximal = jax.jit(
             self._accumulate_apply_impl, donate_argnums=donate_apply,
             in_shardings=(p, o, p, b, r, r, b), out_shardings=(p, o, r, r))
+        self._add_unit = jax.jit(_add_unit, donate_argnums=(0,), in_shardings=(p, p), out_shardings=(p, r))
 
     # ---- pure functions (traced) ----
 
@@ -278,6 +285,7 @@ class GRPOTrainStep:
             in_shardings=(p, o, p, b, r, r, *tail), out_shardings=(p, o, r, r))
         self._merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=self.lora),
                               in_shardings=(pb, p), out_shardings=pb)
+        self._add_unit = jax.jit(_add_unit, donate_argnums=(0,), in_shardings=(p, p), out_shardings=(p, r))
         return p
 
     def policy_params(self, params):
@@ -320,7 +328,7 @@ class GRPOTrainStep:
         if not microbatches:
             raise ValueError("accumulate_gradients: no microbatches")
         packed, n, s = self._prepare(params, microbatches, num_tokens, packed)
-        return self._accumulate_all(params, packed, n, s, proximal)  # no dropout: no update's key
+        return self._accumulate_all(params, packed, n, s, proximal)[:2]  # no dropout: no update's key
 
     def _prepare(self, params, microbatches, num_tokens, packed, whole: WholeBatch | None = None):
         if self._metric_keys is None:  # trace once abstractly (no compile) for the metric names
@@ -334,19 +342,36 @@ class GRPOTrainStep:
         s = self._scalar(max(sequences, 1))
         return packed, n, s
 
-    def _accumulate_all(self, params, packed, n, s, proximal, noise=None):
+    def _accumulate_all(self, params, packed, n, s, proximal, noise=None, units=None):
+        """(gradient summed over the microbatches, per-microbatch stats, per-unit |gradient|^2 or
+        None). units: microbatches per unit (consecutive); each unit's gradient is summed apart
+        (one more gradient-sized buffer) and added to the batch's with its norm taken. Units of one
+        microbatch each are the microbatches' own norms: no second buffer."""
         grads = self._zeros(params)
-        per_mb = []
+        per_mb, unit_sq = [], None
+        separate = units is not None and len(units) > 1 and max(units) > 1
+        if separate:
+            unit_sq, ends = [], set(np.cumsum(units).tolist())
+            part = self._zeros(params)
         for i, mb in enumerate(packed):
+            acc = part if separate else grads
             if self.lora is not None:
-                grads, stats = self._accumulate(params, grads, mb, n, s, *self._lora_args(
+                acc, stats = self._accumulate(params, acc, mb, n, s, *self._lora_args(
                     None if proximal is None else proximal[i], None if noise is None else (*noise, i)))
             elif proximal is None:
-                grads, stats = self._accumulate(params, grads, mb, n, s)
+                acc, stats = self._accumulate(params, acc, mb, n, s)
             else:
-                grads, stats = self._accumulate_proximal(params, grads, mb, n, s, proximal[i])
+                acc, stats = self._accumulate_proximal(params, acc, mb, n, s, proximal[i])
             per_mb.append(stats)
-        return grads, per_mb
+            if not separate:
+                grads = acc
+            elif i + 1 in ends:  # the unit is complete
+                grads, sq = self._add_unit(grads, acc)
+                unit_sq.append(sq)
+                part = self._zeros(params) if i + 1 < len(packed) else None
+            else:
+                part = acc
+        return grads, per_mb, unit_sq
 
     def _scalar(self, value) -> jax.Array:
         if self.layout is None:
@@ -376,7 +401,7 @@ class GRPOTrainStep:
 
     def update(
         self, state: LearnerState, microbatches: Sequence[Microbatch], num_tokens: int,
-        whole: WholeBatch | None = None,
+        whole: WholeBatch | None = None, units: Sequence[int] | None = None,
     ) -> tuple[LearnerState, dict]:
         """Train on one batch: learner.minibatches optimizer steps (default 1) over its microbatches.
 
@@ -386,6 +411,9 @@ class GRPOTrainStep:
           num_tokens: total completion tokens of the batch (stats["num_tokens"]).
           whole: given when `microbatches` hold only this process's rows (Layout.process_rows)
             of a learner over several processes: the whole batch's counts.
+          units: microbatches per unit of whole groups, in order (layout_microbatches's
+            stats["unit_microbatches"]): the metrics then also hold unit_grad_norm_sq and
+            unit_tokens, as the microbatch ones (one minibatch only; with several, no units).
 
         The state's Adam moments are donated to the update: use the returned state afterwards,
         not `state` (its params stay valid; they may still be sampled from).
@@ -403,7 +431,8 @@ class GRPOTrainStep:
         """
         chunks = [list(c) for c in np.array_split(np.arange(len(microbatches)), self.cfg.minibatches) if len(c)]
         if len(chunks) == 1:
-            state, metrics = self._update_minibatch(state, microbatches, num_tokens, whole=whole, minibatch=0)
+            state, metrics = self._update_minibatch(state, microbatches, num_tokens, whole=whole, minibatch=0,
+                                                    units=units)
             return state._replace(step=state.step + 1), {**metrics, "step": state.step + 1}
         packed = self.pack(microbatches, whole)  # once: the proximal pass and the updates share it
         proximal = None
@@ -429,15 +458,18 @@ class GRPOTrainStep:
         return state._replace(step=state.step + 1), metrics
 
     def _update_minibatch(self, state: LearnerState, microbatches, num_tokens: int, proximal=None,
-                          packed=None, whole: WholeBatch | None = None, minibatch: int = 0):
+                          packed=None, whole: WholeBatch | None = None, minibatch: int = 0, units=None):
         """One optimizer step on the given microbatches; (state with step unchanged, metrics)."""
         params = state.params
         if not microbatches:
             raise ValueError("update: no microbatches")
         packed, n, s = self._prepare(params, microbatches, num_tokens, packed, whole)
         noise = (int(state.step), minibatch) if self.dropout else None  # the update's dropout masks
+        unit_sq = None
+        if units is not None and sum(units) != len(packed):
+            raise ValueError(f"update: units {list(units)} do not add up to the {len(packed)} microbatches")
         if len(packed) > 1:
-            grads, per_mb = self._accumulate_all(params, packed, n, s, proximal, noise)
+            grads, per_mb, unit_sq = self._accumulate_all(params, packed, n, s, proximal, noise, units)
             new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
         else:
             fused, extra = ((self._accumulate_apply, ()) if proximal is None
@@ -450,19 +482,30 @@ class GRPOTrainStep:
             per_mb = [stats]
         hyper = optim.hyperparam_arrays(opt_state)
 
-        per_mb, grad_norm, hyper = jax.device_get((per_mb, grad_norm, hyper))
+        per_mb, grad_norm, hyper, unit_sq = jax.device_get((per_mb, grad_norm, hyper, unit_sq))
         per_mb = np.stack(per_mb).astype(np.float64)  # [num_mb, K + 1]
         sums = dict(zip(self._metric_keys, per_mb[:, :-1].sum(axis=0).tolist()))
         metrics = finalize_metrics(sums)
+        mb_tokens = (list(whole.loss_tokens) if whole is not None
+                     else [float(np.asarray(mb.loss_mask).sum()) for mb in microbatches])
         metrics.update(
             grad_norm=float(grad_norm),
             grad_norm_sq=float(grad_norm) ** 2,
             microbatch_grad_norm_sq=per_mb[:, -1].tolist(),
-            microbatch_tokens=(list(whole.loss_tokens) if whole is not None
-                               else [float(np.asarray(mb.loss_mask).sum()) for mb in microbatches]),
+            microbatch_tokens=mb_tokens,
             tokens=int(num_tokens),
             num_microbatches=len(microbatches),
         )
+        if units is not None:
+            ends = np.cumsum([0, *units])
+            if unit_sq is not None:
+                unit_sq = [float(x) for x in unit_sq]
+            elif len(units) == 1:  # the whole batch is the one unit
+                unit_sq = [float(grad_norm) ** 2]
+            else:  # one microbatch per unit
+                unit_sq = per_mb[:, -1].tolist()
+            metrics.update(unit_grad_norm_sq=unit_sq,
+                           unit_tokens=[float(sum(mb_tokens[a:b])) for a, b in zip(ends[:-1], ends[1:])])
         metrics.update({k: float(v) for k, v in hyper.items()})
         return LearnerState(new_params, opt_state, state.step), metrics
 

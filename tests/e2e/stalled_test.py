@@ -22,11 +22,11 @@ class HangingLearner:
     def __init__(self, inner, release):
         self.inner, self.release, self.updates = inner, release, 0
 
-    def update(self, state, microbatches, num_tokens):
+    def update(self, state, microbatches, num_tokens, **kw):
         self.updates += 1
         if self.updates == HANG_AT:
             self.release.wait()
-        return self.inner.update(state, microbatches, num_tokens)
+        return self.inner.update(state, microbatches, num_tokens, **kw)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

@@ -15,7 +15,8 @@ from cadence.learner.batching import build_microbatches, pack_microbatch, unpack
 from cadence.learner.config import GRPOConfig, LearnerConfig, OptimizerConfig
 from cadence.learner.models import llama
 from cadence.learner.models.config import ModelConfig
-from cadence.learner.packing import first_fit_decreasing, pack_microbatches, rows_per_microbatch
+from cadence.learner.packing import (first_fit_decreasing, layout_microbatches, pack_microbatches, rows_per_microbatch,
+                                     split_units)
 from cadence.learner.steps.grpo_step import GRPOTrainStep, count_sequences as host_count_sequences
 from cadence.protocols.testing import rollout_group
 
@@ -253,3 +254,72 @@ def test_a_new_microbatch_count_does_not_recompile():
     assert len(set(counts)) >= 3 and 1 in counts, counts
     sizes = step.cache_sizes()
     assert all(v == 1 for v in sizes.values()), sizes
+
+
+# ---- units of whole groups (the noise scale's small batches) ----
+
+
+def test_units_of_whole_groups_pack_into_microbatches_of_their_own():
+    groups = _groups(5, seed=31)
+    mbs, stats = layout_microbatches(groups, T, 4, 2 * T, PAD, GRPOConfig(), units=2)
+    assert stats["unit_samples"] == [2 * G, 3 * G]  # 5 groups: 2 + 3, never a part of one
+    first, second = stats["unit_microbatches"]
+    assert first + second == len(mbs)
+    # each unit's microbatches are exactly what packing its groups alone gives
+    for unit, (a, b) in zip((groups[:2], groups[2:]), ((0, first), (first, len(mbs)))):
+        alone, _ = pack_microbatches(unit, T, 2, PAD, GRPOConfig())
+        assert len(alone) == b - a
+        for got, want in zip(mbs[a:b], alone):
+            for name in ("tokens", "mask", "positions", "loss_mask", "behavior_logprobs", "advantages"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    plain, plain_stats = layout_microbatches(groups, T, 4, 2 * T, PAD, GRPOConfig())
+    assert "unit_microbatches" not in plain_stats and len(plain) <= len(mbs) <= len(plain) + 1
+    one, one_stats = layout_microbatches(groups[:1], T, 4, 2 * T, PAD, GRPOConfig(), units=2)
+    assert one_stats["unit_microbatches"] == [len(one)] and one_stats["unit_samples"] == [G]
+
+
+@pytest.mark.parametrize("microbatch_size, want, samples", [
+    (2, [2, 2, 2, 2, 2], [4] * 5),  # groups of 4 over 2 microbatches each: one group a unit
+    (8, [1, 1, 1], [8, 8, 4]),  # 2 whole groups a microbatch: the microbatches are the units
+    (4, [1] * 5, [4] * 5),
+    (6, [2, 2], [12, 8]),  # a group and a microbatch end together every 12 samples
+])
+def test_padded_units_end_wherever_a_microbatch_and_a_group_end_together(microbatch_size, want, samples):
+    groups = _groups(5, seed=32)  # 20 samples, groups of 4
+    mbs, stats = layout_microbatches(groups, T, microbatch_size, 0, PAD, GRPOConfig(), units=2)
+    assert stats["unit_microbatches"] == want and sum(want) == len(mbs)
+    assert stats["unit_samples"] == samples
+    # each unit's rows hold its samples (and padding), nothing of the next unit
+    ends = np.cumsum(want) * microbatch_size
+    assert all(e >= n for e, n in zip(ends, np.cumsum(samples))) and np.cumsum(samples)[-1] == 20
+    assert split_units(5, 2, 2) == [2, 3] and split_units(1, 2) == [1] and split_units(8, 4) == [2, 2, 2, 2]
+
+
+def test_unit_gradient_norms_are_each_unit_alone_and_the_update_is_unchanged():
+    graphdef, params = _model()
+    cfg = _cfg(microbatch_tokens=2 * T)
+    step = GRPOTrainStep(functools.partial(llama.forward, graphdef), cfg)
+    groups = _groups(4, seed=33)
+    mbs, stats = layout_microbatches(groups, T, 4, 2 * T, PAD, cfg.grpo, units=2)
+    units, n = stats["unit_microbatches"], stats["num_tokens"]
+    assert max(units) > 1  # a unit of several microbatches: summed apart, then added
+    state, m = step.update(step.init(params), mbs, n, units=units)
+    ends = np.cumsum([0, *units])
+    for k, (a, b) in enumerate(zip(ends[:-1], ends[1:])):
+        g, _ = step.accumulate_gradients(params, mbs[a:b], n)  # normalized by the whole batch's tokens
+        want = sum(float(np.sum(np.square(np.asarray(x, np.float64)))) for x in jax.tree.leaves(g))
+        assert m["unit_grad_norm_sq"][k] == pytest.approx(want, rel=1e-4)
+        assert m["unit_tokens"][k] == sum(m["microbatch_tokens"][a:b])
+    plain, m0 = step.update(step.init(params), mbs, n)  # the same update without units
+    assert "unit_grad_norm_sq" not in m0 and m0["grad_norm_sq"] == pytest.approx(m["grad_norm_sq"], rel=1e-5)
+    for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(plain.params)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+    # units of one microbatch each are the microbatches' own norms; one unit is the batch's
+    padded, pstats = layout_microbatches(groups, T, G, 0, PAD, cfg.grpo, units=4)
+    pstep = GRPOTrainStep(functools.partial(llama.forward, graphdef), _cfg())
+    _, m1 = pstep.update(pstep.init(params), padded, pstats["num_tokens"], units=pstats["unit_microbatches"])
+    assert pstats["unit_microbatches"] == [1, 1, 1, 1] and m1["unit_grad_norm_sq"] == m1["microbatch_grad_norm_sq"]
+    _, m2 = pstep.update(pstep.init(params), padded, pstats["num_tokens"], units=[len(padded)])
+    assert m2["unit_grad_norm_sq"] == [pytest.approx(m2["grad_norm_sq"])]
+    with pytest.raises(ValueError, match="units"):
+        pstep.update(pstep.init(params), padded, pstats["num_tokens"], units=[1, 1])

@@ -26,7 +26,7 @@ from cadence.learner.checkpoint import CheckpointConfig, Checkpointer  # noqa: E
 from cadence.learner.config import GRPOConfig, LearnerConfig, MeshConfig, OptimizerConfig, PPOConfig  # noqa: E402
 from cadence.learner.models import llama  # noqa: E402
 from cadence.learner.models.config import ModelConfig  # noqa: E402
-from cadence.learner.packing import pack_microbatches  # noqa: E402
+from cadence.learner.packing import layout_microbatches  # noqa: E402
 from cadence.learner.steps import make_train_step  # noqa: E402
 from cadence.protocols.testing import rollout_group  # noqa: E402
 
@@ -133,13 +133,18 @@ def check_grpo_packed_data_fsdp():
     s1, s2 = single.init(params), sharded.init(layout.place(params))
     counts = []
     for k, num_groups in enumerate([6, 4, 1]):
-        mbs, stats = pack_microbatches(groups(num_groups, seed=10 + k), T, MB, PAD, cfg.grpo)
+        # in two units of whole groups (the noise scale's): each unit's gradient summed apart
+        mbs, stats = layout_microbatches(groups(num_groups, seed=10 + k), T, MB, MB * T, PAD, cfg.grpo, units=2)
+        units = stats["unit_microbatches"]
         counts.append(len(mbs))
         assert_trees_close(grads_of(single, s1, mbs, stats["num_tokens"]),
                            grads_of(sharded, s2, mbs, stats["num_tokens"]), f"packed grads step {k}")
-        s1, m1 = single.update(s1, mbs, stats["num_tokens"])
-        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"])
+        s1, m1 = single.update(s1, mbs, stats["num_tokens"], units=units)
+        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"], units=units)
         np.testing.assert_allclose(m2["loss"], m1["loss"], err_msg=f"packed loss step {k}", **TOL)
+        np.testing.assert_allclose(m2["unit_grad_norm_sq"], m1["unit_grad_norm_sq"], rtol=1e-4,
+                                   err_msg=f"unit norms step {k}")
+        assert len(units) == (1 if num_groups == 1 else 2)
         # Adam's first steps divide by sqrt(v) + eps: a gradient near eps turns a 1e-9 difference
         # into ~1e-5 of the param, so the params get a looser bound than the gradients above.
         for i, (x, y) in enumerate(zip(host(s1.params), host(s2.params))):
@@ -280,11 +285,12 @@ def check_lora_fsdp_tensor():
     kernel = placed["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value().sharding.spec  # (embed, heads)
     assert tuple(q["lora_a"].get_value().sharding.spec) == (kernel[0], None), q["lora_a"].get_value().sharding
     assert tuple(q["lora_b"].get_value().sharding.spec) == (None, kernel[1]), q["lora_b"].get_value().sharding
-    for k, num_groups in enumerate((4, 1)):  # accumulate + apply, then the fused program
-        mbs, stats = build_microbatches(groups(num_groups, seed=k), T, MB, PAD, cfg.grpo)
-        s1, m1 = single.update(s1, mbs, stats["num_tokens"])
-        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"])
+    for k, num_groups in enumerate((4, 1)):  # accumulate + apply (two units of 2), then the fused program
+        mbs, stats = layout_microbatches(groups(num_groups, seed=k), T, MB, 0, PAD, cfg.grpo, units=2)
+        s1, m1 = single.update(s1, mbs, stats["num_tokens"], units=stats["unit_microbatches"])
+        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"], units=stats["unit_microbatches"])
         np.testing.assert_allclose(m2["loss"], m1["loss"], **TOL)
+        np.testing.assert_allclose(m2["unit_grad_norm_sq"], m1["unit_grad_norm_sq"], rtol=1e-4)
         assert_trees_close(s1.params, s2.params, f"adapters after step {k}", PARAMS_AFTER_ADAM_TOL)
     assert all(np.array_equal(x, y) for x, y in zip(host(sharded.frozen), host(base)))
     merged = sharded.policy_params(s2.params)
