@@ -24,6 +24,13 @@ class ControllerConfig:
     scaling: Literal["sqrt", "linear", "none"] = "sqrt"  # Adam rule on B -> kB (sqrt: lr*sqrt(k), b**k, eps/sqrt(k))
     base_batch_size: int = 0  # batch the optimizer hyperparameters are tuned for (0 = learner.batch_size)
     noise_ema: float = 0.9  # EMA decay of the two noise-scale terms (|G|^2 and tr(Sigma)), per step
+    # Small batches of the noise estimate: units of whole GRPO groups (a part of a group carries
+    # what only the whole group cancels: learner/controller/noise.py). Packed microbatches: the
+    # batch cut into this many units, each filling microbatches of its own (<= 1 part-filled
+    # microbatch more per unit); one sample per row: every place a group and a microbatch end
+    # together (free). 0: the microbatches as they come.
+    noise_units: int = 2
+    probe: bool = True  # move to the neighbouring B once where B alone cannot feed the rule (docs/controller.md)
     warmup_steps: int = 2  # first updates ignored by the estimators (compilation, cold caches)
     min_ess: float = 0.5  # guard: no change of B while the mean ESS fraction is below this
     max_clip_frac: float = 0.3  # guard: no change of B while the mean clip fraction is above this
@@ -50,6 +57,9 @@ class ControllerConfig:
             raise ValueError(f"base_batch_size: must be >= 0 (0 = learner.batch_size), got {self.base_batch_size}")
         if not 0.0 <= self.noise_ema < 1.0:
             raise ValueError(f"noise_ema: must be in [0, 1), got {self.noise_ema}")
+        if self.noise_units == 1 or self.noise_units < 0:
+            raise ValueError(f"noise_units: must be 0 (microbatches) or >= 2 (units of whole groups), "
+                             f"got {self.noise_units}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.min_ess <= 1.0:

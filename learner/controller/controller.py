@@ -9,8 +9,9 @@ learner/controller/interface.py. Per update it feeds the estimators (noise scale
 generation throughput) and the guard windows (ESS, clip fraction, staleness) and keeps its current
 estimates for `metrics()`. Every `window` updates it decides: a hold (with its reason) or a change
 of B by k = 2 or 1/2 with the scaling rule's lr, betas and eps, computed from the reference point
-(base batch size, configured optimizer), and the actors' new concurrency. Every decision, kept or
-changed, is appended to `decisions` with its inputs.
+(base batch size, configured optimizer), and the actors' new concurrency; a change is a probe where
+B alone cannot feed the rule (one group per update: no noise scale; the learner timed at one B:
+no fixed cost). Every decision, kept or changed, is appended to `decisions` with its inputs.
 """
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ from cadence.learner.controller.throughput import (Contention, GenerationThrough
 from cadence.learner.row_plan import nearest_multiple
 
 MAX_LOGGED = 1000  # decisions kept in the state dict
+
+
+def _finite(x: float) -> float | None:
+    """x, or None for inf (metrics and the decision log are JSON)."""
+    return None if math.isinf(x) else x
 
 
 class BatchSizeController:
@@ -55,6 +61,7 @@ class BatchSizeController:
         self.cfg = cfg
         self.asynchronous = asynchronous
         self.multiple = math.lcm(learner_cfg.group_size, learner_cfg.microbatch_size)
+        self.group_size = learner_cfg.group_size
         self.base_batch_size = cfg.base_batch_size or learner_cfg.batch_size
         self.base_hyper = optimizer_hyper(learner_cfg.optimizer)
         self.batch_size = learner_cfg.batch_size  # in force: the last update's, or the last decision's
@@ -119,6 +126,10 @@ class BatchSizeController:
     def metrics(self) -> dict:
         return dict(self._metrics)
 
+    @property
+    def gradient_units(self) -> int:
+        return self.cfg.noise_units
+
     # ---- measurements ----
 
     def observe(self, obs: Observation) -> None:
@@ -129,9 +140,7 @@ class BatchSizeController:
             self.concurrency = obs.generation.concurrency
         warm = obs.step > self.cfg.warmup_steps
         if warm and obs.gradients is not None:
-            g = obs.gradients
-            self.noise.update_from_gradients(g.microbatch_grad_norm_sq, g.microbatch_tokens, obs.tokens,
-                                             g.grad_norm_sq, b)
+            self.noise.update_from_gradients(obs.gradients, b)
         if warm and obs.train_seconds:
             self.learner.observe(b, float(obs.train_seconds))
         self._observe_generation(warm, obs)
@@ -139,7 +148,11 @@ class BatchSizeController:
         # keys as checkpoints hold them
         self.window.append({"ess": obs.ess, "clip_frac": obs.clip_frac, "staleness/mean": obs.staleness_mean,
                             "staleness/max": obs.staleness_max, "learning_rate": obs.learning_rate})
+        interval = self.noise.noise_scale_interval
         self._metrics.update({"controller/noise_scale": self.noise.noise_scale,
+                              "controller/noise_scale_low": interval and interval[0],
+                              # None where unbounded (|G|^2 within noise of zero) or unmeasured
+                              "controller/noise_scale_high": interval and _finite(interval[1]),
                               "controller/grad_sq": self.noise.grad_sq,
                               "controller/trace_sigma": self.noise.trace_sigma})
 
@@ -193,8 +206,10 @@ class BatchSizeController:
         takes the new course as its own (the next observation reports it in force)."""
         b = self.batch_size
         ess, clip, stale = self._mean("ess"), self._mean("clip_frac"), self._mean("staleness/mean")
-        bn = self.noise.noise_scale
-        entry = {"step": step, "batch_size": b, "noise_scale": bn, "ess": ess, "clip_frac": clip,
+        bn = self.noise.noise_scale_interval  # (low, high): the rule reads the range, not the point
+        entry = {"step": step, "batch_size": b, "noise_scale": self.noise.noise_scale,
+                 "noise_scale_interval": None if bn is None else [bn[0], _finite(bn[1])],
+                 "ess": ess, "clip_frac": clip,
                  "staleness_mean": stale, "concurrency": self.concurrency, "contention": self.contention.value,
                  "learner_cost": self.learner.cost(), "generation_curve": self.generation.curve()}
         decision = self._rule(step, b, bn, ess, clip, stale, entry)
@@ -214,13 +229,19 @@ class BatchSizeController:
         cfg = self.cfg
         if step - self.last_change < cfg.dwell:
             return Decision(reason=f"hold B={b}: dwell ({step - self.last_change} < {cfg.dwell} steps since the last change)")
-        if bn is None:
-            return Decision(reason=f"hold B={b}: noise scale not measurable yet (|G|^2 or tr(Sigma) estimate <= 0)")
         guard = None
         if ess is not None and ess < cfg.min_ess:
             guard = f"ESS {ess:.2f} < {cfg.min_ess}"
         elif clip is not None and clip > cfg.max_clip_frac:
             guard = f"clip fraction {clip:.2f} > {cfg.max_clip_frac}"
+        if bn is None:
+            if guard is None and cfg.noise_units >= 2 and b < 2 * self.group_size:
+                probe = self._probe(step, b, entry, f"one group per update leaves no two units of whole groups "
+                                                    f"to measure the noise scale from")
+                if probe is not None:
+                    return probe
+            return Decision(reason=f"hold B={b}: noise scale not measurable yet (tr(Sigma) estimate <= 0, or "
+                                   f"nothing yet says |G|^2 > 0)")
         if guard is not None:
             # Too off-policy: less in flight first (lower concurrency), B stays.
             c = self.concurrency
@@ -231,6 +252,11 @@ class BatchSizeController:
             return Decision(reason=f"hold B={b}: {guard}")
         if self.throughput(b) is None:
             return Decision(reason=f"hold B={b}: throughput not measured yet")
+        if len(self.learner.batch_sizes()) == 1:
+            probe = self._probe(step, b, entry, "the learner's time measured at one batch size says nothing of "
+                                                "its fixed cost (X would be flat in B)")
+            if probe is not None:
+                return probe
         cands = candidate_batch_sizes(b, cfg.min_batch_size, cfg.max_batch_size, self.multiple)
         if cfg.max_staleness_lr > 0 and stale is not None:
             # mean lag in versions ~ samples in line / B: it scales as B / B'
@@ -239,18 +265,40 @@ class BatchSizeController:
         cands = [c for c in cands if self.throughput(c) is not None]
         best, scores = choose_batch_size(b, cands, bn, self.throughput, cfg.hysteresis)
         entry["scores"] = {str(k): v for k, v in scores.items()}
-        gain = 1.0 - scores[best] / scores[b]
+        gain = 1.0 - scores[best]
         if best == b:
             alt = min(scores, key=scores.get)
             why = "current B is fastest" if alt == b else (
-                f"B={alt} only {1 - scores[alt] / scores[b]:.1%} faster (hysteresis {cfg.hysteresis:.0%})")
-            return Decision(reason=f"hold B={b}: {why}; B_noise {bn:.0f}")
+                f"B={alt} only {1 - scores[alt]:.1%} faster (hysteresis {cfg.hysteresis:.0%})")
+            return Decision(reason=f"hold B={b}: {why}; B_noise {self._bn_text(bn)}")
         self.last_change = step
         entry["action"] = "grow" if best > b else "shrink"
         c_new = self.concurrency_for(best) if cfg.scale_concurrency else None
         return Decision(batch_size=best, hyperparams=AdamHyperparams(**self.hyperparams_for(best)), concurrency=c_new,
                         reason=f"{entry['action']} B {b} -> {best}: predicted {gain:.1%} faster to target; "
-                               f"B_noise {bn:.0f}, scaling {cfg.scaling}")
+                               f"B_noise {self._bn_text(bn)}, scaling {cfg.scaling}")
+
+    @staticmethod
+    def _bn_text(bn: tuple[float, float]) -> str:
+        """B_noise's range as a reason gives it."""
+        low, high = bn
+        if low == high:
+            return f"{low:.0f}"
+        return f">= {low:.0f} (|G|^2 within noise of 0)" if math.isinf(high) else f"{low:.0f}-{high:.0f}"
+
+    def _probe(self, step: int, b: int, entry: dict, why: str) -> Decision | None:
+        """Move to the neighbouring B (2B, else B/2) to measure there, where the rule cannot be
+        applied from B alone (cfg.probe); None when there is no neighbour to move to."""
+        cands = [c for c in candidate_batch_sizes(b, self.cfg.min_batch_size, self.cfg.max_batch_size,
+                                                  self.multiple) if c != b]
+        if not self.cfg.probe or not cands:
+            return None
+        new = max(cands)
+        self.last_change = step
+        entry["action"] = "probe"
+        c_new = self.concurrency_for(new) if self.cfg.scale_concurrency else None
+        return Decision(batch_size=new, hyperparams=AdamHyperparams(**self.hyperparams_for(new)), concurrency=c_new,
+                        reason=f"probe B {b} -> {new}: {why}; scaling {self.cfg.scaling}")
 
     # ---- checkpointing ----
 

@@ -2,7 +2,8 @@
 
 E(B) = 1 + B / B_noise is the samples-to-target penalty (McCandlish et al. 2018) and X(B) the
 pipeline's samples per second, so T(B) = E(B) / X(B) up to a constant. B -> B' pays only if
-X(B') / X(B) > E(B') / E(B); a hysteresis margin keeps noise in the estimates from flapping B.
+X(B') / X(B) > E(B') / E(B); a hysteresis margin keeps noise in the estimates from flapping B, and a
+B_noise known only within a range is read at the end least in the move's favour.
 """
 from __future__ import annotations
 
@@ -25,24 +26,29 @@ def candidate_batch_sizes(batch_size: int, min_batch_size: int, max_batch_size: 
     return out
 
 
-def choose_batch_size(batch_size: int, candidates: Iterable[int], noise_scale: float,
+def choose_batch_size(batch_size: int, candidates: Iterable[int], noise_scale: float | tuple[float, float],
                       throughput: Callable[[int], float], hysteresis: float) -> tuple[int, dict[int, float]]:
-    """The batch size to use next and the score of every candidate.
+    """The batch size to use next and every candidate's predicted time to target relative to B's.
 
     Args:
       batch_size: the current B (kept unless another candidate wins by the margin).
       candidates: batch sizes to compare (should include batch_size).
-      noise_scale: B_noise in samples (> 0).
+      noise_scale: B_noise in samples (> 0), or its (low, high) range (high may be inf): a larger
+        candidate is then judged at low, a smaller one at high, the end least in its favour, so
+        B moves only where the data say the move pays whatever B_noise is within the range.
       throughput: B -> predicted pipeline samples/s.
-      hysteresis: a candidate must score below (1 - hysteresis) * score(B) to be chosen.
+      hysteresis: a candidate must score below (1 - hysteresis) times B's to be chosen.
 
     Returns:
-      (chosen B, {candidate: score}); lower scores are faster.
+      (chosen B, {candidate: T(candidate) / T(B)}, B's own 1.0); lower is faster.
     """
-    scores = {int(b): time_to_target_score(b, noise_scale, throughput(b)) for b in candidates}
-    if batch_size not in scores:
-        scores[batch_size] = time_to_target_score(batch_size, noise_scale, throughput(batch_size))
+    low, high = noise_scale if isinstance(noise_scale, tuple) else (noise_scale, noise_scale)
+    x_b = throughput(batch_size)
+    scores = {}
+    for b in {int(c) for c in candidates} | {batch_size}:
+        bn = low if b > batch_size else high
+        scores[b] = time_to_target_score(b, bn, throughput(b)) / time_to_target_score(batch_size, bn, x_b)
     best = min(scores, key=scores.get)
-    if best != batch_size and scores[best] < (1.0 - hysteresis) * scores[batch_size]:
-        return best, scores
-    return batch_size, scores
+    if best != batch_size and scores[best] < 1.0 - hysteresis:
+        return best, dict(sorted(scores.items()))
+    return batch_size, dict(sorted(scores.items()))

@@ -108,6 +108,10 @@ class LearnerThroughput:
         """One update of `batch_size` samples took `step_seconds` of learner time."""
         self.ema.add(batch_size, step_seconds)
 
+    def batch_sizes(self) -> list[int]:
+        """The batch sizes measured so far."""
+        return sorted(self.ema.points)
+
     def cost(self) -> tuple[float, float] | None:
         """(t_fix seconds, t_sample seconds per sample), or None before any measurement."""
         bs, ts = self.ema.means()

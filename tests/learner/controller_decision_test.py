@@ -1,4 +1,6 @@
 """Decision rule: hand-made throughput curves and noise scales; grow, shrink, hold; no flapping."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -29,6 +31,9 @@ class Curve:
 
     cost = curve
 
+    def batch_sizes(self):
+        return []  # a given curve, not measurements: nothing to probe
+
     def state_dict(self):
         return {}
 
@@ -46,6 +51,11 @@ class Noise:
     @property
     def noise_scale(self):
         return self.value() if callable(self.value) else self.value
+
+    @property
+    def noise_scale_interval(self):  # resolved: the range is the point
+        v = self.noise_scale
+        return None if v is None else (v, v)
 
     def update_from_gradients(self, *a):
         return True
@@ -164,7 +174,7 @@ def test_choose_and_candidates():
     assert candidate_batch_sizes(16, 16, 1024, 16) == [16, 32]
     assert candidate_batch_sizes(48, 16, 1024, 16) == [48, 96]  # 24 is not a multiple of 16
     best, scores = choose_batch_size(128, [64, 128, 256], 64.0, lambda b: 100.0, 0.1)
-    assert best == 64 and scores[64] == pytest.approx((1 + 1) / 100.0)
+    assert best == 64 and scores[64] == pytest.approx((1 + 1) / (1 + 2)) and scores[128] == 1.0
 
 
 def test_fitted_models_recover_hand_made_curves():
@@ -249,3 +259,53 @@ def test_state_dict_round_trip_continues_identically():
     da, db = a.update(obs), b.update(obs)
     assert da == db and a.noise.noise_scale == b.noise.noise_scale and a.metrics() == b.metrics()
     assert a.contention.value is not None and b.contention.value == a.contention.value
+
+
+def test_one_group_per_update_probes_the_next_batch_size_for_a_noise_scale():
+    """At B = G (one GRPO group) there are no two whole-group units to compare, so the noise
+    scale can never be measured there: instead of holding forever, the first decision after the
+    dwell moves to 2B, where it can (and where the learner's time gets its second point)."""
+    learner = LearnerConfig(batch_size=8, microbatch_size=8, group_size=8)
+    cfg = ControllerConfig(enabled=True, window=4, dwell=8, min_batch_size=8, max_batch_size=64, warmup_steps=0)
+    ctrl = BatchSizeController(cfg, learner, concurrency=4)
+    one_unit = GradientNorms(0.3, (0.2, 0.1), (30.0, 30.0), unit_grad_norm_sq=(0.3,), unit_share=(1.0,),
+                             unit_samples=(8,))
+    changes = []
+    for step in range(1, 13):
+        d = ctrl.update(Observation(step=step, batch_size=8, gradients=one_unit, tokens=60.0, train_seconds=2.0,
+                                    ess=0.9, clip_frac=0.0,
+                                    generation=Generation(step * 3.0, 20.0, step * 1.0, 4)))
+        if d is not None and d.batch_size is not None:
+            changes.append((step, d.batch_size, d.concurrency, d.reason))
+    assert ctrl.noise.noise_scale is None and ctrl.noise.count == 0  # never the split microbatches
+    assert [c[:3] for c in changes] == [(8, 16, 8)]  # after the dwell; concurrency follows B
+    assert changes[0][3].startswith("probe B 8 -> 16: one group per update")
+    assert [e["action"] for e in ctrl.decisions] == ["hold", "probe", "hold"]  # dwell, probe, dwell
+    # switched off, it holds and says why
+    off = BatchSizeController(dataclasses.replace(cfg, probe=False), learner, concurrency=4)
+    for step in range(1, 13):
+        assert off.update(Observation(step=step, batch_size=8, gradients=one_unit, tokens=60.0)) is None or \
+            off.decisions[-1]["action"] == "hold"
+    assert "noise scale not measurable" in off.decisions[-1]["reason"]
+
+
+def test_learner_time_at_one_batch_size_is_probed_once_then_the_rule_uses_the_fixed_cost():
+    """With one measured B the learner's model has no fixed cost (X flat in B), and a rule fed
+    that never grows for the learner's sake. The controller spends one dwell at 2B, fits
+    t = t_fix + B t_sample from the two points, and decides from that (here: 2B pays, so it stays)."""
+    learner_time = lambda b: 2.0 + 0.01 * b  # seconds: a large fixed cost
+    ctrl = BatchSizeController(ControllerConfig(enabled=True, window=5, dwell=10, min_batch_size=16,
+                                                max_batch_size=1024, hysteresis=0.1, warmup_steps=0),
+                               LEARNER, generation=Curve(lambda c: 1e6), noise=Noise(1e4))
+    b, actions = 128, []
+    for step in range(1, 41):
+        d = ctrl.update(Observation(step=step, batch_size=b, train_seconds=learner_time(b), ess=0.9, clip_frac=0.0,
+                                    generation=Generation(step * 1.0, 0.0, 0.0, 16)))
+        if d is not None and d.batch_size is not None:
+            actions.append((step, ctrl.decisions[-1]["action"], b, d.batch_size))
+            b = d.batch_size
+    assert actions[0] == (10, "probe", 128, 256)
+    assert [a for _, a, _, _ in actions].count("probe") == 1  # once: two points measured from then on
+    t_fix, t_sample = ctrl.learner.cost()
+    assert t_fix == pytest.approx(2.0, rel=1e-6) and t_sample == pytest.approx(0.01, rel=1e-6)
+    assert all(a == "grow" for _, a, _, _ in actions[1:]) and b > 256
