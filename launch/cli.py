@@ -10,6 +10,7 @@
     cadence keys DIR                                    write CurveZMQ keys (actors.keys_dir=DIR)
     cadence status RUN_DIR [--watch] [--json]           is the run healthy? (one screen)
     cadence report RUN_DIR [RUN_DIR ...] [--out FILE]   one self-contained HTML file of plots
+    cadence replay RUN_DIR [key=value ...]              the controller's decisions on a run's logged updates
     cadence launch ray [--address ADDR] [--config FILE ...] [key=value ...]   the run on a Ray cluster
     cadence launch slurm [--sbatch ARG ...] [--config FILE ...] [key=value ...]  the run as a SLURM job
     cadence launch KIND --status RUN_DIR | --stop RUN_DIR                     its processes; a clean stop
@@ -91,6 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--watch", action="store_true", help="refresh until the run stops running (Ctrl-C to leave)")
     s.add_argument("--interval", type=float, default=2.0, help="--watch refresh period, seconds")
     s.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    rp = sub.add_parser("replay", help="the batch-size controller's decisions on a finished run's logged updates "
+                                       "(controller.* overrides: what other settings would have decided)")
+    rp.add_argument("run_dir")
+    rp.add_argument("overrides", nargs="*", help="key=value settings over the run's config")
     r = sub.add_parser("report", help="an HTML report with plots comparing runs (no network needed to view)")
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", default=None, help="output file (default RUN_DIR/report.html, or ./report.html for several)")
@@ -287,6 +292,24 @@ def cmd_status(args) -> int:
     return status.EXIT_CODES[st["state"]]
 
 
+def cmd_replay(args) -> int:
+    from cadence.launch.config_loader import ConfigError
+    from cadence.launch.experiments.replay import replay
+
+    try:
+        out = replay(args.run_dir, args.overrides)
+    except FileNotFoundError as e:
+        return _fail(str(e), 1)
+    except (ConfigError, ValueError) as e:
+        return _fail(f"config error: {e}", EXIT_CONFIG)
+    for d in out["decisions"]:  # one JSON line per decision, then the summary
+        print(json.dumps({k: d.get(k) for k in ("step", "batch_size", "action", "new_batch_size",
+                                                "noise_scale", "noise_scale_interval", "reason")}))
+    print(json.dumps({"run_dir": out["run_dir"], "decisions": len(out["decisions"]),
+                      "stopped_at": out["stopped_at"], "why": out["why"]}))
+    return 0
+
+
 def cmd_report(args) -> int:
     from cadence.launch.observe.report import write_report
     from cadence.launch.observe.status import NotARun
@@ -352,6 +375,8 @@ def main(argv=None) -> int:
         return cmd_status(args)
     if args.command == "report":
         return cmd_report(args)
+    if args.command == "replay":
+        return cmd_replay(args)
     if args.command == "launch":
         return cmd_launch(args)
     return cmd_eval(args)
