@@ -35,6 +35,7 @@ import stat
 import tempfile
 import threading
 import time
+import uuid
 import weakref
 from urllib.parse import urlsplit
 
@@ -219,7 +220,10 @@ class RefusalCounter:
     Not thread-safe: the thread that owns the server socket calls it."""
 
     def __init__(self, sock: zmq.Socket):
-        self.socket = sock.get_monitor_socket(_REFUSED)
+        # pyzmq names the monitor's inproc endpoint after the socket's fd: a server restarted in the
+        # same context can get the old fd back before ZeroMQ has released that name ("Address
+        # already in use", seen in dispatch_server_test's restart); a name of its own cannot clash.
+        self.socket = sock.get_monitor_socket(_REFUSED, addr=f"inproc://cadence-refused-{uuid.uuid4().hex}")
         self.refused = 0
         self.last = ""  # the last refusal, for logs: "HANDSHAKE_FAILED_AUTH from ipc://..."
 
