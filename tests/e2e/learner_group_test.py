@@ -24,8 +24,10 @@ def cadence(*args, timeout=1500):
 
 
 def test_two_processes_equal_one_in_sync_mode_and_resume_on_one(tmp_path):
-    # checkpoints every 2 steps: written asynchronously by both processes while training goes on
-    sync = BASE + ["actors.max_staleness=0", "run.steps=5", "run.eval_every=5", "checkpoint.every_steps=2"]
+    # checkpoints every 2 steps: written asynchronously by both processes while training goes on;
+    # the controller measures (its dwell keeps B): both processes run the units it asks for
+    sync = BASE + ["actors.max_staleness=0", "run.steps=5", "run.eval_every=5", "checkpoint.every_steps=2",
+                   "controller.enabled=true", "controller.dwell=1000"]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     r1 = cadence(*sync, f"run.dir={one}")
     r2 = cadence(*sync, "learner.processes=2", f"run.dir={two}")
@@ -40,6 +42,9 @@ def test_two_processes_equal_one_in_sync_mode_and_resume_on_one(tmp_path):
             if key in a:
                 np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-5, err_msg=f"step {a['step']} {key}")
         assert b.get("samples") == a.get("samples")
+        if a["step"]:  # the noise scale's whole-group units, measured over both processes
+            assert len(a["unit_grad_norm_sq"]) >= 2
+            np.testing.assert_allclose(b["unit_grad_norm_sq"], a["unit_grad_norm_sq"], rtol=1e-4, atol=1e-8)
 
     # The checkpoint written by both processes (params and Adam split over them) resumes on one.
     r3 = cadence("--resume", f"run.dir={two}", "learner.processes=1", "run.steps=7")
