@@ -13,7 +13,7 @@ import json
 import os
 
 from cadence.launch.config import load_config
-from cadence.learner.controller import BatchSizeController
+from cadence.learner.controller import make_controller
 from cadence.learner.controller.interface import Generation
 from cadence.learner.loop import observation
 
@@ -38,9 +38,7 @@ def replay(run_dir: str, overrides=()) -> dict:
         if not os.path.isfile(os.path.join(run_dir, name)):
             raise FileNotFoundError(f"{os.path.join(run_dir, name)} not found: {run_dir} is not a finished run")
     cfg = load_config([os.path.join(run_dir, "config.yaml")], ["controller.enabled=true", *overrides])
-    engines = max(cfg.actors.processes or cfg.actors.num_actors, 1)
-    ctrl = BatchSizeController(cfg.controller, cfg.learner, engines, cfg.actors.max_staleness > 0,
-                               concurrency=cfg.actors.prompts_per_call)
+    ctrl = make_controller(cfg.controller, cfg.learner, cfg.actors)  # enabled: the measuring one, as a run builds it
     stopped, why = None, None
     for m in _records(os.path.join(run_dir, "metrics.jsonl")):
         if m["batch_size"] != ctrl.batch_size:

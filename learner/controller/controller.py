@@ -271,12 +271,18 @@ class BatchSizeController:
             why = "current B is fastest" if alt == b else (
                 f"B={alt} only {1 - scores[alt]:.1%} faster (hysteresis {cfg.hysteresis:.0%})")
             return Decision(reason=f"hold B={b}: {why}; B_noise {self._bn_text(bn)}")
+        action = "grow" if best > b else "shrink"
+        return self._move(step, entry, action, best, f"{action} B {b} -> {best}: predicted {gain:.1%} faster to "
+                                                     f"target; B_noise {self._bn_text(bn)}, scaling {cfg.scaling}")
+
+    def _move(self, step: int, entry: dict, action: str, new: int, reason: str) -> Decision:
+        """The Decision changing B to `new` (the rule's Adam values, the actors' concurrency with it),
+        logged as `action`; the dwell counts from here."""
         self.last_change = step
-        entry["action"] = "grow" if best > b else "shrink"
-        c_new = self.concurrency_for(best) if cfg.scale_concurrency else None
-        return Decision(batch_size=best, hyperparams=AdamHyperparams(**self.hyperparams_for(best)), concurrency=c_new,
-                        reason=f"{entry['action']} B {b} -> {best}: predicted {gain:.1%} faster to target; "
-                               f"B_noise {self._bn_text(bn)}, scaling {cfg.scaling}")
+        entry["action"] = action
+        c_new = self.concurrency_for(new) if self.cfg.scale_concurrency else None
+        return Decision(batch_size=new, hyperparams=AdamHyperparams(**self.hyperparams_for(new)), concurrency=c_new,
+                        reason=reason)
 
     @staticmethod
     def _bn_text(bn: tuple[float, float]) -> str:
@@ -293,12 +299,8 @@ class BatchSizeController:
                                                   self.multiple) if c != b]
         if not self.cfg.probe or not cands:
             return None
-        new = max(cands)
-        self.last_change = step
-        entry["action"] = "probe"
-        c_new = self.concurrency_for(new) if self.cfg.scale_concurrency else None
-        return Decision(batch_size=new, hyperparams=AdamHyperparams(**self.hyperparams_for(new)), concurrency=c_new,
-                        reason=f"probe B {b} -> {new}: {why}; scaling {self.cfg.scaling}")
+        return self._move(step, entry, "probe", max(cands),
+                          f"probe B {b} -> {max(cands)}: {why}; scaling {self.cfg.scaling}")
 
     # ---- checkpointing ----
 
