@@ -303,6 +303,22 @@ class LearnerConfig:
     # only constrains batch sizes). 0 = off: one sample per row. GRPO only.
     microbatch_tokens: int = 0
     group_size: int = 8  # Completions per prompt (G).
+    # With packing (microbatch_tokens > 0): a group's completions in a row follow one copy of its
+    # prompt, not one each (attention lets each completion see that prefix; positions as if it
+    # followed the prompt alone), so a prompt of P tokens costs P - 1 + G tokens, not G x P. The
+    # same loss and gradient (tests/learner/shared_prompts_test.py).
+    share_prompts: bool = False
+    # Length of a packed row; 0 = seq_len (longest prompt + engine.max_new_tokens, the padded row).
+    # Longer rows let a shared prompt serve more of its group's completions; attention's cost per
+    # row grows with its square. microbatch_tokens must hold whole rows.
+    row_tokens: int = 0
+    # GRPO: skip the gradient pass of microbatches whose advantages are all zero (groups whose
+    # rewards are all equal). Their tokens add exactly nothing to the gradient (the entropy bonus
+    # acts only on samples with a signal under entropy_scope=signal), so the update is the same;
+    # such groups are laid out in microbatches of their own, and the token-mean metrics (entropy,
+    # ratios, clip fractions, mismatch) then cover the computed tokens. Under a sparse reward most
+    # groups are flat: SmolLM2 at 5% reward has ~2/3 of them (docs/results/skip_flat_groups.md).
+    skip_zero_advantage: bool = False
     # Optimizer updates per batch (PPO-style minibatches over its microbatches; >1 makes the
     # decoupled correction's clip bind: its proximal policy is the learner at the batch's start).
     minibatches: int = 1
@@ -342,6 +358,16 @@ class LearnerConfig:
         if self.microbatch_tokens > 0 and self.algorithm == "ppo":
             # PPO's values and GAE run along a row: one sequence per row.
             raise ValueError("microbatch_tokens: packing is built for grpo only; ppo needs 0 (one sample per row)")
+        if self.row_tokens < 0 or (self.row_tokens and self.microbatch_tokens <= 0):
+            raise ValueError(f"row_tokens: a packed row's length (>= 0, with microbatch_tokens > 0), got {self.row_tokens}")
+        if self.share_prompts and self.microbatch_tokens <= 0:
+            raise ValueError("share_prompts: needs packed rows; set learner.microbatch_tokens > 0")
+        if self.skip_zero_advantage and self.algorithm == "ppo":
+            raise ValueError("skip_zero_advantage: built for grpo's group advantages; ppo's come from a critic")
+        if (self.skip_zero_advantage and self.grpo.entropy_coef > 0 and self.grpo.entropy_scope == "all"):
+            raise ValueError("skip_zero_advantage: with grpo.entropy_scope=all the entropy bonus acts on "
+                             "groups without a signal too, so skipping them would change the update; "
+                             "use grpo.entropy_scope=signal or grpo.entropy_coef=0")
         if self.batch_size % self.microbatch_size:
             raise ValueError(
                 f"batch_size: must be a multiple of microbatch_size ({self.microbatch_size}), "

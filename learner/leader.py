@@ -273,10 +273,11 @@ class Follower:
         if self.checkpointer is not None:  # the update donates the Adam moments a save may be writing
             self.checkpointer.wait()
         state = self._with_params(meta["gen"])._replace(step=meta["step"])
-        rows, sequences, loss_tokens = meta["whole"]
-        # the same units as the leader: every process runs the same programs in the same order
+        rows, sequences, loss_tokens, signal = meta["whole"]
+        # the same units and skipped microbatches as the leader: every process runs the same
+        # programs in the same order
         self.state, _ = self.step.update(state, microbatches_from(arrays), meta["num_tokens"],
-                                         whole=WholeBatch(rows, tuple(sequences), tuple(loss_tokens)),
+                                         whole=WholeBatch(rows, tuple(sequences), tuple(loss_tokens), tuple(signal)),
                                          units=meta.get("units"))
         self._hold(self.state.params)
 

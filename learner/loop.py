@@ -41,6 +41,8 @@ class LoopSettings:
     pad_id: int
     grpo: Any  # learner.config.GRPOConfig
     microbatch_tokens: int = 0  # > 0: pack samples into microbatches of this token budget (learner/packing.py)
+    separate_flat: bool = False  # groups without a signal in microbatches of their own (learner.skip_zero_advantage)
+    share_prompts: bool = False  # a group's completions in a row share its prompt (learner.share_prompts)
 
 
 @dataclasses.dataclass
@@ -162,7 +164,7 @@ class LearnerLoop:
         t0 = time.perf_counter()
         units = self.controller.gradient_units if self.controller is not None else 0
         microbatches, stats = layout_microbatches(batch.groups, s.seq_len, s.microbatch_size, s.microbatch_tokens,
-                                                  s.pad_id, s.grpo, units)
+                                                  s.pad_id, s.grpo, units, s.separate_flat, s.share_prompts)
         if self.before_update is not None:
             self.before_update()
         state, metrics = self.train_step.update(state, microbatches, stats["num_tokens"],
@@ -191,6 +193,8 @@ class LearnerLoop:
             out["truncation_kl"] = stats["truncation_kl"]
         if "row_fill" in stats:  # packing: real tokens / tokens the learner computed
             out["learner/row_fill"] = stats["row_fill"]
+        if "shared_prompt_tokens" in stats:  # prompt copies the shared layout did not compute
+            out["learner/shared_prompt_tokens"] = stats["shared_prompt_tokens"]
         if "unit_tokens" in metrics:  # whole-group units: each one's share of the loss's normalizer
             sizes = stats["unit_samples"]
             per_token = s.grpo.aggregation == "token_mean"

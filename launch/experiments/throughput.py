@@ -26,7 +26,7 @@ from cadence.launch.config import Config, seq_len as config_seq_len
 from cadence.launch.experiments import common
 from cadence.launch.metrics import read_metrics
 from cadence.learner.models.policy import build_policy
-from cadence.learner.packing import layout_microbatches
+from cadence.learner.packing import layout_microbatches, packed_row_len
 from cadence.learner.controller.throughput import GenerationThroughput, LearnerThroughput, pipeline_throughput
 from cadence.learner.steps import make_train_step
 from cadence.protocols.weights import InProcessWeights
@@ -76,12 +76,14 @@ def measure(base: Config, concurrencies, batch_sizes, repeats: int, min_seconds:
     ts = make_train_step(policy.graphdef, base.learner, completion_budget=base.engine.max_new_tokens,
                          temperature=base.engine.temperature)
     state = {"s": ts.init(policy.params)}  # each update donates the moments: keep the newest state
-    L = config_seq_len(base, task.max_prompt_len)
+    L = packed_row_len(base.learner, config_seq_len(base, task.max_prompt_len))
     learn = []
     for b in batch_sizes:
         mb_size = min(base.learner.microbatch_size, b)
         mbs, stats = layout_microbatches(groups[: b // G], L, mb_size, base.learner.microbatch_tokens,
-                                         policy.tokenizer.pad_id, base.learner.grpo)
+                                         policy.tokenizer.pad_id, base.learner.grpo,
+                                         separate_flat=base.learner.skip_zero_advantage,
+                                         share_prompts=base.learner.share_prompts)
 
         def step():
             state["s"], m = ts.update(state["s"], mbs, stats["num_tokens"])  # host floats: synced

@@ -152,11 +152,15 @@ def _build_learner(cfg: Config, procs: LearnerProcesses, run_dir: str, resume: s
     graphdef, params0, lora_base = _lora_model(cfg, policy, procs)  # LoRA: base joined with adapters
     L, G = config_seq_len(cfg, task.max_prompt_len, task), cfg.learner.group_size
     rows = procs.layout.rows if procs.layout else 1
-    packed = row_plan.plan_packed_rows(procs.learner, L, rows)  # the same in every process
+    try:  # a packed row: L unless learner.row_tokens sets it
+        R = packing.packed_row_len(cfg.learner, L)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    packed = row_plan.plan_packed_rows(procs.learner, R, rows)  # the same in every process
     learner_cfg, plan_notes = packed.learner, procs.plan_notes + packed.notes
-    if learner_cfg.microbatch_tokens > 0:  # packed rows are L long: the budget must hold whole rows
+    if learner_cfg.microbatch_tokens > 0:  # packed rows are R long: the budget must hold whole rows
         try:
-            packing.rows_per_microbatch(learner_cfg.microbatch_tokens, L, rows)
+            packing.rows_per_microbatch(learner_cfg.microbatch_tokens, R, rows)
         except ValueError as e:
             raise ConfigError(str(e)) from None
     train_step = make_train_step(graphdef, learner_cfg, procs.layout,  # [sharded learner]
@@ -330,8 +334,10 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
     # LoRA: actor processes fetch the adapters alone and merge them into their own base
     weights = LoraWeights(pipe, learner.lora) if lora_run else pipe
     loop = LearnerLoop(learner.train_step, pipe.queue, pipe.gate, weights,
-                       LoopSettings(G, learner.learner_cfg.microbatch_size, learner.seq_len,
-                                    policy.tokenizer.pad_id, cfg.learner.grpo, learner.learner_cfg.microbatch_tokens),
+                       LoopSettings(G, learner.learner_cfg.microbatch_size,
+                                    packing.packed_row_len(learner.learner_cfg, learner.seq_len),
+                                    policy.tokenizer.pad_id, cfg.learner.grpo, learner.learner_cfg.microbatch_tokens,
+                                    learner.learner_cfg.skip_zero_advantage, learner.learner_cfg.share_prompts),
                        health=pipe.health, controller=controller, on_concurrency=pipe.set_concurrency,
                        ledger=begin.ledger, publish=None if lora_run else publish,  # [sharded learner]
                        # its rates count from now: after the step-0 evaluation

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from cadence.learner import segments
 from cadence.learner.models.config import ModelConfig
 from cadence.learner.sharding import constrain
 
@@ -220,16 +221,20 @@ def attention_allowed(mask: jax.Array) -> jax.Array:
     """[B, T] -> [B, T, T] bool: which keys (last axis) each query may attend to, without a cache.
 
     A bool mask marks the real tokens of a row holding one sequence: causal, keys where mask is
-    True. An integer mask holds segment ids of a packed row (1..k per sequence, 0 = padding): causal
-    AND same segment AND the key is not padding, so no sequence sees another's tokens (positions
-    restarting per segment alone would not stop that). The bool form is the one-segment case.
+    True. An integer mask holds segment ids of a packed row (learner/segments.py: 1..k per
+    sequence, 0 = padding, plus the shared prompt prefix a sequence may also see): causal AND the
+    key is not padding AND the key is in the query's own sequence or its prefix, so no sequence
+    sees another's tokens (positions restarting per segment alone would not stop that). The bool
+    form is the one-segment case.
     """
     t = mask.shape[1]
     causal = jnp.tril(jnp.ones((t, t), bool))[None]  # [1, T, T]
     if mask.dtype == jnp.bool_:
         return causal & mask[:, None, :]
-    same = mask[:, :, None] == mask[:, None, :]  # [B, T, T]
-    return causal & same & (mask[:, None, :] > 0)
+    seq, prefix = segments.sequence_ids(mask), segments.prefix_ids(mask)
+    key = seq[:, None, :]
+    visible = (seq[:, :, None] == key) | (prefix[:, :, None] == key)  # [B, T, T]
+    return causal & visible & (key > 0)
 
 
 class Attention(nnx.Module):

@@ -52,10 +52,23 @@ from cadence.learner.algorithms.grpo import finalize_metrics, grpo_token_loss
 from cadence.learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from cadence.learner.config import LearnerConfig
 from cadence.learner.models import lora
+from cadence.learner.segments import sequence_ids
 from cadence.learner.steps.scoring import score_tokens
 
 # logits_fn(params, tokens [B, T], positions [B, T], mask [B, T]) -> logits [B, T, V]
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+# Metrics that are the objective itself, not a description of the computed tokens: skipping
+# microbatches without a signal leaves them unchanged (those tokens add 0 to each).
+_OBJECTIVE_METRICS = ("loss", "pg_loss")
+
+
+def _over_computed_tokens(sums: dict, computed: float, num_tokens: float) -> dict:
+    """Token-mean metric sums (normalized by the batch's num_tokens) of the computed microbatches
+    alone, renormalized to means over the computed tokens; the objective's own sums as they are."""
+    scale = num_tokens / computed if computed > 0 else 0.0
+    return {k: v if k in _OBJECTIVE_METRICS else v * scale for k, v in sums.items()}
 
 
 class LearnerState(NamedTuple):
@@ -74,8 +87,9 @@ def count_sequences(microbatches: Sequence[Microbatch]) -> int:
         trained, segments = np.asarray(mb.loss_mask) > 0, np.asarray(mb.mask)
         if segments.dtype == np.bool_:  # one sequence per row
             total += int(np.count_nonzero(trained.any(axis=-1)))
-        else:  # packed rows: distinct (row, segment id) pairs with a trained token
-            total += len(np.unique(np.nonzero(trained)[0] * segments.shape[1] + segments[trained]))
+        else:  # packed rows: distinct (row, sequence id) pairs with a trained token
+            seq = sequence_ids(segments)
+            total += len(np.unique(np.nonzero(trained)[0] * segments.shape[1] + seq[trained]))
     return total
 
 
@@ -86,16 +100,25 @@ class WholeBatch(NamedTuple):
     rows: int  # rows of each whole microbatch
     sequences: tuple  # count_sequences of each microbatch
     loss_tokens: tuple  # loss-mask sum of each microbatch
+    signal: tuple = ()  # has_signal of each microbatch (() = all)
 
     def part(self, indices: Sequence[int]) -> "WholeBatch":
         return WholeBatch(self.rows, tuple(self.sequences[i] for i in indices),
-                          tuple(self.loss_tokens[i] for i in indices))
+                          tuple(self.loss_tokens[i] for i in indices),
+                          tuple(self.signal[i] for i in indices) if self.signal else ())
+
+
+def has_signal(mb: Microbatch) -> bool:
+    """Whether a microbatch has a nonzero advantage: without one its gradient is exactly zero
+    (under learner.skip_zero_advantage's conditions, LearnerConfig.validate)."""
+    return bool(np.any(np.asarray(mb.advantages) != 0))
 
 
 def whole_batch(microbatches: Sequence[Microbatch]) -> WholeBatch:
     """The WholeBatch of host microbatches (all rows)."""
     return WholeBatch(len(microbatches[0].tokens), tuple(count_sequences([mb]) for mb in microbatches),
-                      tuple(float(np.asarray(mb.loss_mask).sum()) for mb in microbatches))
+                      tuple(float(np.asarray(mb.loss_mask).sum()) for mb in microbatches),
+                      tuple(has_signal(mb) for mb in microbatches))
 
 
 def _sum_squares(tree) -> jax.Array:
@@ -212,7 +235,8 @@ class GRPOTrainStep:
         return grpo_token_loss(
             logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
             entropy=entropy, proximal_logprobs=proximal_logprobs, num_sequences=num_sequences,
-            completion_budget=self.completion_budget, segments=mb.mask if self.packed else None,
+            completion_budget=self.completion_budget,
+            segments=sequence_ids(mb.mask) if self.packed else None,
         )
 
     def _proximal_impl(self, params, packed, frozen=None):
@@ -342,11 +366,12 @@ class GRPOTrainStep:
         s = self._scalar(max(sequences, 1))
         return packed, n, s
 
-    def _accumulate_all(self, params, packed, n, s, proximal, noise=None, units=None):
-        """(gradient summed over the microbatches, per-microbatch stats, per-unit |gradient|^2 or
-        None). units: microbatches per unit (consecutive); each unit's gradient is summed apart
-        (one more gradient-sized buffer) and added to the batch's with its norm taken. Units of one
-        microbatch each are the microbatches' own norms: no second buffer."""
+    def _accumulate_all(self, params, packed, n, s, proximal, noise=None, units=None, skip=()):
+        """(gradient summed over the microbatches, per-microbatch stats (None where skipped),
+        per-unit |gradient|^2 or None). units: microbatches per unit (consecutive); each unit's
+        gradient is summed apart (one more gradient-sized buffer) and added to the batch's with its
+        norm taken. Units of one microbatch each are the microbatches' own norms: no second buffer.
+        skip: indices of microbatches without a signal (their gradient is zero: not computed)."""
         grads = self._zeros(params)
         per_mb, unit_sq = [], None
         separate = units is not None and len(units) > 1 and max(units) > 1
@@ -355,7 +380,9 @@ class GRPOTrainStep:
             part = self._zeros(params)
         for i, mb in enumerate(packed):
             acc = part if separate else grads
-            if self.lora is not None:
+            if i in skip:
+                stats = None
+            elif self.lora is not None:
                 acc, stats = self._accumulate(params, acc, mb, n, s, *self._lora_args(
                     None if proximal is None else proximal[i], None if noise is None else (*noise, i)))
             elif proximal is None:
@@ -468,9 +495,13 @@ class GRPOTrainStep:
         unit_sq = None
         if units is not None and sum(units) != len(packed):
             raise ValueError(f"update: units {list(units)} do not add up to the {len(packed)} microbatches")
+        skip = self._skipped(microbatches, whole)
         if len(packed) > 1:
-            grads, per_mb, unit_sq = self._accumulate_all(params, packed, n, s, proximal, noise, units)
+            grads, per_mb, unit_sq = self._accumulate_all(params, packed, n, s, proximal, noise, units, skip)
             new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
+        elif skip:  # one microbatch, no signal: Adam still steps (its moments decay), on a zero gradient
+            new_params, opt_state, grad_norm = self._apply(params, state.opt_state, self._zeros(params))
+            per_mb = [None]
         else:
             fused, extra = ((self._accumulate_apply, ()) if proximal is None
                             else (self._accumulate_apply_proximal, (proximal[0],)))
@@ -483,11 +514,15 @@ class GRPOTrainStep:
         hyper = optim.hyperparam_arrays(opt_state)
 
         per_mb, grad_norm, hyper, unit_sq = jax.device_get((per_mb, grad_norm, hyper, unit_sq))
-        per_mb = np.stack(per_mb).astype(np.float64)  # [num_mb, K + 1]
-        sums = dict(zip(self._metric_keys, per_mb[:, :-1].sum(axis=0).tolist()))
-        metrics = finalize_metrics(sums)
+        width = len(self._metric_keys) + 1
+        per_mb = np.stack([np.zeros(width) if x is None else x for x in per_mb]).astype(np.float64)  # [num_mb, K + 1]
         mb_tokens = (list(whole.loss_tokens) if whole is not None
                      else [float(np.asarray(mb.loss_mask).sum()) for mb in microbatches])
+        sums = dict(zip(self._metric_keys, per_mb[:, :-1].sum(axis=0).tolist()))
+        if skip:
+            sums = _over_computed_tokens(sums, sum(t for i, t in enumerate(mb_tokens) if i not in skip),
+                                         float(num_tokens))
+        metrics = finalize_metrics(sums)
         metrics.update(
             grad_norm=float(grad_norm),
             grad_norm_sq=float(grad_norm) ** 2,
@@ -496,6 +531,8 @@ class GRPOTrainStep:
             tokens=int(num_tokens),
             num_microbatches=len(microbatches),
         )
+        if self.cfg.skip_zero_advantage:
+            metrics["skipped_microbatches"] = len(skip)
         if units is not None:
             ends = np.cumsum([0, *units])
             if unit_sq is not None:
@@ -508,6 +545,14 @@ class GRPOTrainStep:
                            unit_tokens=[float(sum(mb_tokens[a:b])) for a, b in zip(ends[:-1], ends[1:])])
         metrics.update({k: float(v) for k, v in hyper.items()})
         return LearnerState(new_params, opt_state, state.step), metrics
+
+    def _skipped(self, microbatches, whole: WholeBatch | None) -> frozenset:
+        """Indices of the microbatches whose gradient pass is skipped (learner.skip_zero_advantage):
+        those without a signal, judged on the whole microbatch (every process skips the same)."""
+        if not self.cfg.skip_zero_advantage:
+            return frozenset()
+        signal = whole.signal if whole is not None and whole.signal else [has_signal(mb) for mb in microbatches]
+        return frozenset(i for i, x in enumerate(signal) if not x)
 
     def set_hyperparams(self, state: LearnerState, **values: float) -> LearnerState:
         """State with new optimizer hyperparameters (lr/learning_rate, b1, b2, eps); no recompile."""

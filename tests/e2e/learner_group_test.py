@@ -25,9 +25,12 @@ def cadence(*args, timeout=1500):
 
 def test_two_processes_equal_one_in_sync_mode_and_resume_on_one(tmp_path):
     # checkpoints every 2 steps: written asynchronously by both processes while training goes on;
-    # the controller measures (its dwell keeps B): both processes run the units it asks for
+    # the controller measures (its dwell keeps B): both processes run the units it asks for; packed
+    # rows of 64 with shared prompts, split over the processes, and the microbatches without a
+    # signal skipped by both (the leader sends which)
     sync = BASE + ["actors.max_staleness=0", "run.steps=5", "run.eval_every=5", "checkpoint.every_steps=2",
-                   "controller.enabled=true", "controller.dwell=1000"]
+                   "controller.enabled=true", "controller.dwell=1000", "learner.microbatch_tokens=128",
+                   "learner.row_tokens=64", "learner.share_prompts=true", "learner.skip_zero_advantage=true"]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     r1 = cadence(*sync, f"run.dir={one}")
     r2 = cadence(*sync, "learner.processes=2", f"run.dir={two}")
@@ -42,6 +45,7 @@ def test_two_processes_equal_one_in_sync_mode_and_resume_on_one(tmp_path):
             if key in a:
                 np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-5, err_msg=f"step {a['step']} {key}")
         assert b.get("samples") == a.get("samples")
+        assert b.get("skipped_microbatches") == a.get("skipped_microbatches")
         if a["step"]:  # the noise scale's whole-group units, measured over both processes
             assert len(a["unit_grad_norm_sq"]) >= 2
             np.testing.assert_allclose(b["unit_grad_norm_sq"], a["unit_grad_norm_sq"], rtol=1e-4, atol=1e-8)

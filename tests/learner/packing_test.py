@@ -109,7 +109,7 @@ def test_long_completion_is_cut_at_the_row_length():
 def test_rows_per_microbatch_and_its_errors_name_the_key():
     assert rows_per_microbatch(100, 24) == 4
     assert rows_per_microbatch(96, 24, row_multiple=4) == 4
-    with pytest.raises(ValueError, match=r"learner\.microbatch_tokens: 16 is less than one row of seq_len = 24"):
+    with pytest.raises(ValueError, match=r"learner\.microbatch_tokens: 16 is less than one row of 24 tokens"):
         rows_per_microbatch(16, 24)
     with pytest.raises(ValueError, match=r"learner\.microbatch_tokens: .* 3 rows .* data x fsdp = 2"):
         rows_per_microbatch(72, 24, row_multiple=2)
