@@ -75,6 +75,7 @@ class BatchSizeController:
         self.last_change = 0  # step of the last change (dwell counts from here)
         self.prev: dict | None = None  # previous step's cumulative generation counters
         self.decisions: list[dict] = []
+        self.explored: set[int] = set()  # batch sizes moved to once by exploration (cfg.explore)
         self._needs_initial_scaling = self.base_batch_size != self.batch_size
         self._metrics: dict = {}  # the last update's estimates (metrics())
 
@@ -267,6 +268,9 @@ class BatchSizeController:
         entry["scores"] = {str(k): v for k, v in scores.items()}
         gain = 1.0 - scores[best]
         if best == b:
+            explore = self._explore(step, b, scores, entry, bn)
+            if explore is not None:
+                return explore
             alt = min(scores, key=scores.get)
             why = "current B is fastest" if alt == b else (
                 f"B={alt} only {1 - scores[alt]:.1%} faster (hysteresis {cfg.hysteresis:.0%})")
@@ -302,6 +306,29 @@ class BatchSizeController:
         return self._move(step, entry, "probe", max(cands),
                           f"probe B {b} -> {max(cands)}: {why}; scaling {self.cfg.scaling}")
 
+    def _explore(self, step: int, b: int, scores: dict, entry: dict, bn) -> Decision | None:
+        """Move once to a neighbouring B the learner was never timed at (its X an extrapolation from
+        other batch sizes) when that B is predicted faster at the end of B_noise's range most in its
+        favour, though not by the margin at the other end (cfg.explore): a measurement there
+        settles the throughput half of the question. None when there is nothing to explore."""
+        measured = self.learner.batch_sizes()
+        if not self.cfg.explore or not measured:  # no measurements (a given curve): nothing to explore
+            return None
+        cands = [c for c in scores if c != b and c not in measured and c not in self.explored]
+        if not cands:
+            return None
+        _, hopeful = choose_batch_size(b, cands, (bn[1], bn[0]), self.throughput, 0.0)  # the other ends
+        cands = [c for c in cands if hopeful[c] < 1.0]
+        if not cands:
+            return None
+        c = min(cands, key=hopeful.get)
+        self.explored.add(c)
+        entry["explore_scores"] = {str(k): v for k, v in hopeful.items()}
+        return self._move(step, entry, "explore", c,
+                          f"explore B {b} -> {c}: predicted {1 - hopeful[c]:.1%} faster at B_noise's other end, "
+                          f"{scores[c] - 1:+.1%} at this one, but the learner was never timed at {c}; "
+                          f"B_noise {self._bn_text(bn)}, scaling {self.cfg.scaling}")
+
     # ---- checkpointing ----
 
     def state_dict(self) -> dict:
@@ -311,7 +338,8 @@ class BatchSizeController:
                 "needs_initial_scaling": self._needs_initial_scaling,
                 "window": list(self.window), "noise": self.noise.state_dict(),
                 "generation": self.generation.state_dict(), "learner": self.learner.state_dict(),
-                "contention": self.contention.state_dict(), "decisions": list(self.decisions)}
+                "contention": self.contention.state_dict(), "decisions": list(self.decisions),
+                "explored": sorted(self.explored)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict returned. A state with only the course (batch_size and
@@ -331,3 +359,4 @@ class BatchSizeController:
         if "contention" in state:  # checkpoints before it: measured afresh
             self.contention.load_state_dict(state["contention"])
         self.decisions = list(state["decisions"])
+        self.explored = {int(b) for b in state.get("explored", ())}  # checkpoints before it: none yet

@@ -308,4 +308,51 @@ def test_learner_time_at_one_batch_size_is_probed_once_then_the_rule_uses_the_fi
     assert [a for _, a, _, _ in actions].count("probe") == 1  # once: two points measured from then on
     t_fix, t_sample = ctrl.learner.cost()
     assert t_fix == pytest.approx(2.0, rel=1e-6) and t_sample == pytest.approx(0.01, rel=1e-6)
-    assert all(a == "grow" for _, a, _, _ in actions[1:]) and b > 256
+    # 2B pays by the margin (grow), or is predicted faster within it where X(2B) is unmeasured (explore)
+    assert [a for _, a, _, _ in actions[1:]][:1] == ["grow"] and b > 256
+    assert {a for _, a, _, _ in actions[1:]} <= {"grow", "explore"}
+
+
+class RangeNoise(Noise):
+    """A noise scale known only from below: |G|^2 within noise of 0, the range (low, inf)."""
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    @property
+    def noise_scale_interval(self):
+        return (self.value, float("inf"))
+
+
+@pytest.mark.parametrize("explore", [True, False])
+def test_an_unmeasured_batch_size_predicted_faster_at_the_range_s_other_end_is_explored_once(explore):
+    """B_noise >= 40, unbounded: growing pays only if B_noise is large, and the learner's X at 2B is
+    an extrapolation. The controller moves there once to measure (each B once), where without
+    exploration it holds B forever on the pessimistic end."""
+    learner_time = lambda b: 2.0 + 0.01 * b
+    ctrl = BatchSizeController(ControllerConfig(enabled=True, window=5, dwell=10, min_batch_size=16,
+                                                max_batch_size=1024, hysteresis=0.1, warmup_steps=0,
+                                                explore=explore),
+                               LEARNER, generation=Curve(lambda c: 1e6), noise=RangeNoise(40.0))
+    b, actions = 128, []
+    for step in range(1, 81):
+        d = ctrl.update(Observation(step=step, batch_size=b, train_seconds=learner_time(b), ess=0.9, clip_frac=0.0,
+                                    generation=Generation(step * 1.0, 0.0, 0.0, 16)))
+        if d is not None and d.batch_size is not None:
+            actions.append((ctrl.decisions[-1]["action"], b, d.batch_size))
+            b = d.batch_size
+    assert actions[0] == ("probe", 128, 256)  # the learner timed at one B first
+    if not explore:
+        assert actions == [("probe", 128, 256)]
+        assert "current B is fastest" in ctrl.decisions[-1]["reason"]
+        return
+    assert actions[1:] == [("explore", 256, 512), ("explore", 512, 1024)]  # each once, up to max_batch_size
+    assert ctrl.explored == {512, 1024}
+    reason = next(d["reason"] for d in ctrl.decisions if d["action"] == "explore")
+    assert "never timed at 512" in reason and "B_noise >= 40" in reason
+    restored = BatchSizeController(ctrl.cfg, LEARNER, generation=Curve(lambda c: 1e6), noise=RangeNoise(40.0))
+    restored.load_state_dict(ctrl.state_dict())
+    assert restored.explored == {512, 1024}
