@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import sys
-import time
 
 import jax
 
@@ -34,6 +32,7 @@ from cadence.learner.models.config import ModelConfig  # noqa: E402
 from cadence.learner.packing import layout_microbatches  # noqa: E402
 from cadence.learner.steps.grpo_step import GRPOTrainStep  # noqa: E402
 from cadence.learner.steps.scoring import llama_logits  # noqa: E402
+from bench_timing import alternating_updates  # noqa: E402
 from model_shapes import SHAPES  # noqa: E402
 from skip_flat_bench import GROUPS, NEW, PAD, PROMPT, G, make_groups  # noqa: E402
 
@@ -60,27 +59,14 @@ def main() -> None:
         layouts[name] = layout_microbatches(groups, row, 8, budget, PAD, cfg.grpo, share_prompts=cfg.share_prompts)
     states = {name: step.init(params) for name, step in steps.items()}
     del params
-    first, seconds = {}, {name: [] for name in steps}
-
-    def one_update(name: str) -> float:
-        mbs, stats = layouts[name]
-        start = time.perf_counter()
-        states[name], metrics = steps[name].update(states[name], mbs, stats["num_tokens"])  # host floats: synced
-        first.setdefault(name, metrics)
-        return time.perf_counter() - start
-
-    for name in steps:  # warm-up: compiles; the same params on both sides
-        one_update(name)
-    for _ in range(args.repeats):
-        for name in steps:
-            seconds[name].append(one_update(name))
+    median, first = alternating_updates(steps, states, layouts, args.repeats)
 
     out = {"bench": "shared_prompts", "device": jax.devices()[0].device_kind, "shape": args.shape,
            "batch": GROUPS * G, "prompt_tokens": PROMPT, "seq_len": seq_len, "microbatch_tokens": budget,
            "completion_tokens": int(layouts["packed"][1]["num_tokens"]), "repeats": args.repeats}
     for name in steps:
         mbs, stats = layouts[name]
-        t = statistics.median(seconds[name])
+        t = median[name]
         laid_out = int(sum((mb.mask != 0).sum() for mb in mbs))
         out[name] = {"row": sides[name][1], "microbatches": len(mbs), "tokens_laid_out": laid_out,
                      "row_fill": round(stats["row_fill"], 3), "s_per_update": round(t, 2),

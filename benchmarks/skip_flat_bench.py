@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import sys
-import time
 
 import jax
 import numpy as np
@@ -37,6 +35,7 @@ from cadence.learner.packing import layout_microbatches  # noqa: E402
 from cadence.learner.steps.grpo_step import GRPOTrainStep, has_signal  # noqa: E402
 from cadence.learner.steps.scoring import llama_logits  # noqa: E402
 from cadence.protocols.testing import rollout_group  # noqa: E402
+from bench_timing import alternating_updates  # noqa: E402
 from model_shapes import SHAPES  # noqa: E402
 
 GROUPS, G, PAD, PROMPT, NEW = 4, 8, 0, 70, 64
@@ -74,19 +73,7 @@ def main() -> None:
                                      separate_flat=True)
     states = {name: step.init(params) for name, step in steps.items()}
     del params
-    first, seconds = {}, {name: [] for name in steps}
-
-    def one_update(name: str) -> float:
-        start = time.perf_counter()
-        states[name], metrics = steps[name].update(states[name], mbs, stats["num_tokens"])  # host floats: synced
-        first.setdefault(name, metrics)
-        return time.perf_counter() - start
-
-    for name in steps:  # warm-up: compiles; the same params on both sides
-        one_update(name)
-    for _ in range(args.repeats):
-        for name in steps:
-            seconds[name].append(one_update(name))
+    median, first = alternating_updates(steps, states, (mbs, stats), args.repeats)
 
     signal = [has_signal(mb) for mb in mbs]
     out = {
@@ -97,7 +84,7 @@ def main() -> None:
         "repeats": args.repeats,
     }
     for name in steps:
-        t = statistics.median(seconds[name])
+        t = median[name]
         out[name] = {"s_per_update": round(t, 2), "samples_per_s": round(GROUPS * G / t, 3)}
     out["all"]["s_per_microbatch"] = round(out["all"]["s_per_update"] / len(mbs), 2)
     out["speedup"] = round(out["all"]["s_per_update"] / out["skip"]["s_per_update"], 2)

@@ -96,6 +96,20 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray
     return row, offset, segment, used
 
 
+def _trained_and_behavior(src, behavior, policy, kept_mass, nucleus: bool, truncation_kl: list):
+    """(loss mask, behavior log-probs) of the completion tokens at flat indices `src` (0 where the
+    policy mask says a token was not sampled by the policy); top-p's -kept_logmass of the trained
+    tokens is appended to truncation_kl, and with behavior_logprobs "nucleus" taken off."""
+    trained = np.ones(len(src), np.float32) if policy is None else policy.values[src].astype(np.float32)
+    behavior_values = behavior.values[src] * trained
+    if kept_mass is not None:
+        kept_values = kept_mass.values[src] * trained
+        truncation_kl.append(-kept_values[trained > 0])
+        if nucleus:
+            behavior_values -= kept_values
+    return trained, behavior_values
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(index of the range, position within it) for the concatenation of ranges of `lengths`."""
     lengths = np.asarray(lengths, np.int64)
@@ -187,15 +201,8 @@ def pack_microbatches(
         src = tokens.offsets[:-1][which] + within
         dst = (r[which], o[which] + p + within)
         tokens_out[dst] = tokens.values[src]
-        trained = np.ones(len(src), np.float32) if policy is None else policy.values[src].astype(np.float32)
+        trained, behavior_out[dst] = _trained_and_behavior(src, behavior, policy, kept_mass, nucleus, truncation_kl)
         loss_mask[dst] = trained
-        behavior_values = behavior.values[src] * trained
-        if kept_mass is not None:
-            kept_values = kept_mass.values[src] * trained
-            truncation_kl.append(-kept_values[trained > 0])
-            if nucleus:
-                behavior_values -= kept_values
-        behavior_out[dst] = behavior_values
         truncated += int((k < f).sum())
         lengths.extend(k.tolist())
         trained_tokens += int(trained.sum())
@@ -291,15 +298,9 @@ def _pack_shared(groups, packed, advantages, kept, full, seq_len, rows_per_mb, p
             positions[r, cells] = np.arange(p - 1, p + k)
             segments_out[r, cells] = segments.encode(sid, prefix)
             adv_out[r, cells] = advantages[gi][j]
-            trained = np.ones(k, np.float32) if policy is None else policy.values[src].astype(np.float32)
+            trained, behavior_out[r, col + 1 : col + 1 + k] = _trained_and_behavior(
+                src, behavior, policy, kept_mass, nucleus, truncation_kl)
             loss_mask[r, col + 1 : col + 1 + k] = trained
-            behavior_values = behavior.values[src] * trained
-            if kept_mass is not None:
-                kept_values = kept_mass.values[src] * trained
-                truncation_kl.append(-kept_values[trained > 0])
-                if nucleus:
-                    behavior_values -= kept_values
-            behavior_out[r, col + 1 : col + 1 + k] = behavior_values
             trained_tokens += int(trained.sum())
             col += 1 + k
     for gi in range(len(groups)):  # per sample in group order, as the stats expect

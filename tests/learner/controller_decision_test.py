@@ -82,6 +82,19 @@ def drive(ctrl, steps, ess=0.9, clip=0.05, stale=0.5):
     return sizes, changes, c
 
 
+def drive_timed(ctrl, steps, learner_time, b=128):
+    """Updates whose learner takes learner_time(B) seconds (generation unlimited); returns the last
+    B and the changes as (step, action, B, new B)."""
+    actions = []
+    for step in range(1, steps + 1):
+        d = ctrl.update(Observation(step=step, batch_size=b, train_seconds=learner_time(b), ess=0.9, clip_frac=0.0,
+                                    generation=Generation(step * 1.0, 0.0, 0.0, 16)))
+        if d is not None and d.batch_size is not None:
+            actions.append((step, ctrl.decisions[-1]["action"], b, d.batch_size))
+            b = d.batch_size
+    return b, actions
+
+
 def memory_bound(c):  # generation: linear in concurrency (prompts per call) up to far beyond
     return 20.0 * c
 
@@ -297,13 +310,7 @@ def test_learner_time_at_one_batch_size_is_probed_once_then_the_rule_uses_the_fi
     ctrl = BatchSizeController(ControllerConfig(enabled=True, window=5, dwell=10, min_batch_size=16,
                                                 max_batch_size=1024, hysteresis=0.1, warmup_steps=0),
                                LEARNER, generation=Curve(lambda c: 1e6), noise=Noise(1e4))
-    b, actions = 128, []
-    for step in range(1, 41):
-        d = ctrl.update(Observation(step=step, batch_size=b, train_seconds=learner_time(b), ess=0.9, clip_frac=0.0,
-                                    generation=Generation(step * 1.0, 0.0, 0.0, 16)))
-        if d is not None and d.batch_size is not None:
-            actions.append((step, ctrl.decisions[-1]["action"], b, d.batch_size))
-            b = d.batch_size
+    b, actions = drive_timed(ctrl, 40, learner_time)
     assert actions[0] == (10, "probe", 128, 256)
     assert [a for _, a, _, _ in actions].count("probe") == 1  # once: two points measured from then on
     t_fix, t_sample = ctrl.learner.cost()
@@ -337,13 +344,8 @@ def test_an_unmeasured_batch_size_predicted_faster_at_the_range_s_other_end_is_e
                                                 max_batch_size=1024, hysteresis=0.1, warmup_steps=0,
                                                 explore=explore),
                                LEARNER, generation=Curve(lambda c: 1e6), noise=RangeNoise(40.0))
-    b, actions = 128, []
-    for step in range(1, 81):
-        d = ctrl.update(Observation(step=step, batch_size=b, train_seconds=learner_time(b), ess=0.9, clip_frac=0.0,
-                                    generation=Generation(step * 1.0, 0.0, 0.0, 16)))
-        if d is not None and d.batch_size is not None:
-            actions.append((ctrl.decisions[-1]["action"], b, d.batch_size))
-            b = d.batch_size
+    b, actions = drive_timed(ctrl, 80, learner_time)
+    actions = [a[1:] for a in actions]
     assert actions[0] == ("probe", 128, 256)  # the learner timed at one B first
     if not explore:
         assert actions == [("probe", 128, 256)]

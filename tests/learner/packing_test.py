@@ -18,7 +18,7 @@ from cadence.learner.models.config import ModelConfig
 from cadence.learner.packing import (first_fit_decreasing, layout_microbatches, pack_microbatches, rows_per_microbatch,
                                      split_units)
 from cadence.learner.steps.grpo_step import GRPOTrainStep, count_sequences as host_count_sequences
-from cadence.protocols.testing import rollout_group
+from cadence.protocols.testing import random_groups, rollout_group
 
 MODEL = ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=32)
 T, PAD, G = 24, 0, 4
@@ -30,15 +30,7 @@ def _model():
 
 
 def _groups(num_groups, seed, max_completion=12, prompt_len=(2, 6)):
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(num_groups):
-        prompt = [1] + [int(x) for x in rng.integers(3, MODEL.vocab_size, rng.integers(*prompt_len))]
-        comps = [[int(x) for x in rng.integers(3, MODEL.vocab_size, rng.integers(1, max_completion + 1))]
-                 for _ in range(G)]
-        behav = [[float(-rng.exponential()) for _ in c] for c in comps]
-        out.append(rollout_group(f"g{i}", "t", prompt, comps, behav, [float(x) for x in rng.random(G)], 0))
-    return out
+    return random_groups(num_groups, seed, MODEL.vocab_size, G, max_completion, prompt_len)
 
 
 def _cfg(microbatch_tokens=0, **grpo):
