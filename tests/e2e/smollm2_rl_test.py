@@ -56,5 +56,7 @@ def test_grpo_on_smollm2_runs_the_loop_in_bounded_memory(smollm2_dir, tmp_path):
     print(json.dumps({"peak_mb": peak, "steps": len(steps), "final_eval": summary.get("final_eval")}))
     assert summary["steps"] == STEPS and len(steps) == STEPS
     assert all(r["tokens"] > 0 and 0 < r["learner/row_fill"] <= 1 for r in steps)  # packed rows trained
+    # the example's config shares each group's prompt in its rows and skips groups without a signal
+    assert all(r["learner/shared_prompt_tokens"] > 0 and "skipped_microbatches" in r for r in steps)
     assert "eval/exact_match" in records[0] and "eval/exact_match" in summary["final_eval"]
     assert 2160 < peak <= PEAK_LIMIT_MB, f"the training process peaked at {peak} MB"
