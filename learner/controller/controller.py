@@ -253,11 +253,6 @@ class BatchSizeController:
             return Decision(reason=f"hold B={b}: {guard}")
         if self.throughput(b) is None:
             return Decision(reason=f"hold B={b}: throughput not measured yet")
-        if len(self.learner.batch_sizes()) == 1:
-            probe = self._probe(step, b, entry, "the learner's time measured at one batch size says nothing of "
-                                                "its fixed cost (X would be flat in B)")
-            if probe is not None:
-                return probe
         cands = candidate_batch_sizes(b, cfg.min_batch_size, cfg.max_batch_size, self.multiple)
         if cfg.max_staleness_lr > 0 and stale is not None:
             # mean lag in versions ~ samples in line / B: it scales as B / B'
@@ -266,6 +261,11 @@ class BatchSizeController:
         cands = [c for c in cands if self.throughput(c) is not None]
         best, scores = choose_batch_size(b, cands, bn, self.throughput, cfg.hysteresis)
         entry["scores"] = {str(k): v for k, v in scores.items()}
+        if len(self.learner.batch_sizes()) == 1:
+            probe = self._probe(step, b, entry, "the learner's time measured at one batch size says nothing of "
+                                                "its fixed cost (X would be flat in B)", scores)
+            if probe is not None:
+                return probe
         gain = 1.0 - scores[best]
         if best == b:
             explore = self._explore(step, b, scores, entry, bn)
@@ -296,15 +296,21 @@ class BatchSizeController:
             return f"{low:.0f}"
         return f">= {low:.0f} (|G|^2 within noise of 0)" if math.isinf(high) else f"{low:.0f}-{high:.0f}"
 
-    def _probe(self, step: int, b: int, entry: dict, why: str) -> Decision | None:
-        """Move to the neighbouring B (2B, else B/2) to measure there, where the rule cannot be
-        applied from B alone (cfg.probe); None when there is no neighbour to move to."""
+    def _probe(self, step: int, b: int, entry: dict, why: str, scores: dict | None = None) -> Decision | None:
+        """Move to the neighbouring B to measure there, where the rule cannot be applied from B
+        alone (cfg.probe): 2B, or B/2 where the rule's scores already say B/2 pays by the margin
+        at the end of B_noise's range least in its favour (a noise scale well below B: sort-6
+        from B = 256 probed 512 first and paid 20 updates there). None when there is no
+        neighbour to move to."""
         cands = [c for c in candidate_batch_sizes(b, self.cfg.min_batch_size, self.cfg.max_batch_size,
                                                   self.multiple) if c != b]
         if not self.cfg.probe or not cands:
             return None
-        return self._move(step, entry, "probe", max(cands),
-                          f"probe B {b} -> {max(cands)}: {why}; scaling {self.cfg.scaling}")
+        target, down = max(cands), min(cands)
+        if scores and down < b and scores.get(down, 1.0) < 1.0 - self.cfg.hysteresis:
+            target = down
+        return self._move(step, entry, "probe", target,
+                          f"probe B {b} -> {target}: {why}; scaling {self.cfg.scaling}")
 
     def _explore(self, step: int, b: int, scores: dict, entry: dict, bn) -> Decision | None:
         """Move once to a neighbouring B the learner was never timed at (its X an extrapolation from

@@ -358,3 +358,14 @@ def test_an_unmeasured_batch_size_predicted_faster_at_the_range_s_other_end_is_e
     restored = BatchSizeController(ctrl.cfg, LEARNER, generation=Curve(lambda c: 1e6), noise=RangeNoise(40.0))
     restored.load_state_dict(ctrl.state_dict())
     assert restored.explored == {512, 1024}
+
+
+def test_the_learner_probe_goes_to_half_the_batch_where_the_rule_already_says_that_pays():
+    """B_noise = 50 well below B = 128: B/2 is predicted faster by the margin even with X flat, so
+    the probe that measures the learner's second point goes there, not to 2B (sort-6 from B = 256
+    probed 512 first, 20 updates at a batch the rule was about to leave)."""
+    ctrl = BatchSizeController(ControllerConfig(enabled=True, window=5, dwell=10, min_batch_size=16,
+                                                max_batch_size=1024, hysteresis=0.1, warmup_steps=0),
+                               LEARNER, generation=Curve(lambda c: 1e6), noise=Noise(50.0))
+    _, actions = drive_timed(ctrl, 10, lambda b: 2.0 + 0.01 * b)
+    assert actions == [(10, "probe", 128, 64)]
