@@ -317,7 +317,7 @@ class LearnerConfig:
     # acts only on samples with a signal under entropy_scope=signal), so the update is the same;
     # such groups are laid out in microbatches of their own, and the token-mean metrics (entropy,
     # ratios, clip fractions, mismatch) then cover the computed tokens. Under a sparse reward most
-    # groups are flat: SmolLM2 at 5% reward has ~2/3 of them (docs/results/skip_flat_groups.md).
+    # groups are flat: SmolLM2 at 5% reward has ~2/3 of them (docs/results/skip_and_share.md).
     skip_zero_advantage: bool = False
     # Optimizer updates per batch (PPO-style minibatches over its microbatches; >1 makes the
     # decoupled correction's clip bind: its proximal policy is the learner at the batch's start).

@@ -96,6 +96,31 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray
     return row, offset, segment, used
 
 
+def _place_units(lengths: np.ndarray, bounds, seq_len: int, rows_per_mb: int):
+    """Items of `lengths` placed first-fit decreasing into rows of seq_len, the items of each unit
+    (bounds: the item index where each starts, then the end) into microbatches of their own.
+
+    Returns:
+      (row [N], offset [N], segment [N] (1..k in its row), microbatches of each unit, rows used).
+    """
+    row, offset, segment = (np.zeros(len(lengths), np.int64) for _ in range(3))
+    unit_mbs, used, first_row = [], 0, 0
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        r, o, sg, n_rows = first_fit_decreasing(lengths[a:b], seq_len)
+        row[a:b], offset[a:b], segment[a:b] = r + first_row, o, sg
+        unit_mbs.append(max(1, -(-n_rows // rows_per_mb)))
+        used += n_rows
+        first_row += unit_mbs[-1] * rows_per_mb
+    return row, offset, segment, unit_mbs, used
+
+
+def _split_rows(fields, rows_per_mb: int) -> list[Microbatch]:
+    """Microbatches of rows_per_mb rows from whole-batch (tokens, positions, mask, loss_mask,
+    behavior_logprobs, advantages) arrays."""
+    return [Microbatch(*(x[i : i + rows_per_mb] for x in fields), rewards=None)
+            for i in range(0, len(fields[0]), rows_per_mb)]
+
+
 def _trained_and_behavior(src, behavior, policy, kept_mass, nucleus: bool, truncation_kl: list):
     """(loss mask, behavior log-probs) of the completion tokens at flat indices `src` (0 where the
     policy mask says a token was not sampled by the policy); top-p's -kept_logmass of the trained
@@ -163,20 +188,13 @@ def pack_microbatches(
                             unit_groups)
     # Each unit of whole groups is packed on its own, into microbatches of its own.
     bounds = np.cumsum([0] + [len(k) for k in kept])[np.cumsum([0] + unit_groups)]  # sample index
-    row, offset, segment = (np.zeros(len(sample_lens), np.int64) for _ in range(3))
-    unit_mbs, used, first_row = [], 0, 0
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        r, o, sg, n_rows = first_fit_decreasing(sample_lens[a:b], seq_len)
-        row[a:b], offset[a:b], segment[a:b] = r + first_row, o, sg
-        unit_mbs.append(max(1, -(-n_rows // rows_per_mb)))
-        used += n_rows
-        first_row += unit_mbs[-1] * rows_per_mb
+    row, offset, segment, unit_mbs, used = _place_units(sample_lens, bounds, seq_len, rows_per_mb)
     num_mb = sum(unit_mbs)
     n_rows = num_mb * rows_per_mb
     shape = (n_rows, seq_len)
     tokens_out = np.full(shape, pad_id, np.int32)
     positions = np.zeros(shape, np.int32)
-    segments = np.zeros(shape, np.int32)
+    segment_ids = np.zeros(shape, np.int32)
     loss_mask = np.zeros(shape, np.float32)
     behavior_out = np.zeros(shape, np.float32)
     adv_out = np.zeros(shape, np.float32)
@@ -191,7 +209,7 @@ def pack_microbatches(
         # The whole sequence (prompt + kept completion): segment id, position, advantage.
         which, within = _ranges(o, p + k)
         cells = (r[which], o[which] + within)
-        segments[cells] = s[which]
+        segment_ids[cells] = s[which]
         positions[cells] = within
         adv_out[cells] = np.asarray(adv, np.float32)[which]
         prompt_cells = within < p
@@ -207,11 +225,7 @@ def pack_microbatches(
         lengths.extend(k.tolist())
         trained_tokens += int(trained.sum())
 
-    fields = (tokens_out, positions, segments, loss_mask, behavior_out, adv_out)
-    microbatches = [
-        Microbatch(*(x[i * rows_per_mb : (i + 1) * rows_per_mb] for x in fields), rewards=None)
-        for i in range(num_mb)
-    ]
+    microbatches = _split_rows((tokens_out, positions, segment_ids, loss_mask, behavior_out, adv_out), rows_per_mb)
     stats = batch_stats(groups, advantages, trained_tokens, len(sample_lens), num_mb, lengths,
                         truncated, truncation_kl)
     stats["packed_rows"] = int(used)
@@ -251,32 +265,23 @@ def _pack_shared(groups, packed, advantages, kept, full, seq_len, rows_per_mb, p
     all groups are then placed first-fit decreasing, each unit of groups apart."""
     nucleus = getattr(grpo_cfg, "behavior_logprobs", "full") == "nucleus"
     items = []  # (group, samples, length), unit after unit
-    unit_items = []
+    bounds = [0]  # item index where each unit starts, then the end
     ends = np.cumsum([0, *unit_groups])
     for a, b in zip(ends[:-1], ends[1:]):
-        first = len(items)
         for gi in range(a, b):
             p = len(groups[gi].prompt_tokens)
             for chunk in _prompt_chunks(p, kept[gi], seq_len):
                 items.append((gi, chunk, p - 1 + sum(1 + int(kept[gi][j]) for j in chunk)))
-        unit_items.append((first, len(items)))
+        bounds.append(len(items))
     lengths = np.array([n for *_, n in items], np.int64)
-    row, offset = np.zeros(len(items), np.int64), np.zeros(len(items), np.int64)
-    unit_mbs, used, first_row = [], 0, 0
-    for a, b in unit_items:
-        r, o, _, n_rows = first_fit_decreasing(lengths[a:b], seq_len)
-        row[a:b], offset[a:b] = r + first_row, o
-        unit_mbs.append(max(1, -(-n_rows // rows_per_mb)))
-        used += n_rows
-        first_row += unit_mbs[-1] * rows_per_mb
+    row, offset, _, unit_mbs, used = _place_units(lengths, bounds, seq_len, rows_per_mb)
     num_mb = sum(unit_mbs)
     shape = (num_mb * rows_per_mb, seq_len)
     tokens_out = np.full(shape, pad_id, np.int32)
     positions, segments_out = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
     loss_mask, behavior_out, adv_out = (np.zeros(shape, np.float32) for _ in range(3))
     next_id = np.ones(shape[0], np.int64)  # the next sequence id of each row
-    truncated, trained_tokens, truncation_kl = 0, 0, []
-    lengths_kept = [None] * len(groups)
+    trained_tokens, truncation_kl = 0, []
     for i in np.lexsort((offset, row)):  # row by row, left to right: ids 1..k in order
         gi, chunk, _ = items[i]
         tokens, behavior, policy, kept_mass = packed[gi]
@@ -303,17 +308,10 @@ def _pack_shared(groups, packed, advantages, kept, full, seq_len, rows_per_mb, p
             loss_mask[r, col + 1 : col + 1 + k] = trained
             trained_tokens += int(trained.sum())
             col += 1 + k
-    for gi in range(len(groups)):  # per sample in group order, as the stats expect
-        truncated += int((kept[gi] < full[gi]).sum())
-        lengths_kept[gi] = kept[gi].tolist()
-    fields = (tokens_out, positions, segments_out, loss_mask, behavior_out, adv_out)
-    microbatches = [
-        Microbatch(*(x[m * rows_per_mb : (m + 1) * rows_per_mb] for x in fields), rewards=None)
-        for m in range(num_mb)
-    ]
-    num_samples = sum(len(k) for k in kept)
-    stats = batch_stats(groups, advantages, trained_tokens, num_samples, num_mb,
-                        [x for k in lengths_kept for x in k], truncated, truncation_kl)
+    microbatches = _split_rows((tokens_out, positions, segments_out, loss_mask, behavior_out, adv_out), rows_per_mb)
+    truncated = sum(int((k < f).sum()) for k, f in zip(kept, full))
+    stats = batch_stats(groups, advantages, trained_tokens, sum(len(k) for k in kept), num_mb,
+                        np.concatenate(kept).tolist(), truncated, truncation_kl)  # per sample, in group order
     stats["packed_rows"] = int(used)
     stats["row_fill"] = float(lengths.sum() / (shape[0] * seq_len))
     unshared = sum(len(g.prompt_tokens) * len(k) for g, k in zip(groups, kept))

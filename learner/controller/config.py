@@ -31,10 +31,11 @@ class ControllerConfig:
     # together (free). 0: the microbatches as they come.
     noise_units: int = 2
     probe: bool = True  # move to the neighbouring B once where B alone cannot feed the rule (docs/controller.md)
-    # Move once to a neighbouring B the learner was never timed at when the rule predicts it no
-    # slower but within the hysteresis margin: the learner's time is fitted as linear in B, and a
-    # prediction from other batch sizes can miss by more than the margin (SmolLM2: 32 predicted
-    # <= 5% faster than 16, measured 27%). The rule then decides from a measurement there.
+    # Move once to a neighbouring B the learner was never timed at when the rule holds B but
+    # that B is predicted faster at the other end of B_noise's range: the learner's time is
+    # fitted as linear in B, and a prediction from other batch sizes can miss by more than the
+    # margin (SmolLM2: 32 predicted <= 5% faster than 16, measured 27%). The rule then decides
+    # from a measurement there.
     explore: bool = True
     warmup_steps: int = 2  # first updates ignored by the estimators (compilation, cold caches)
     min_ess: float = 0.5  # guard: no change of B while the mean ESS fraction is below this
