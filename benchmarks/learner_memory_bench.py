@@ -3,6 +3,7 @@ size and the size after it, against the learner state's own bytes (params, Adam 
 gradient accumulator), measured in the same run. One JSON line.
 
     python benchmarks/learner_memory_bench.py --preset smollm2 --microbatch-tokens 512 --updates 2
+    python benchmarks/learner_memory_bench.py --microbatch-tokens 256 --units 2 [--unit-dtype float32]
     MALLOC_MMAP_THRESHOLD_=33554432 python benchmarks/learner_memory_bench.py ...  # glibc as before
 
 Linux only (reads /proc/self/status; resets VmHWM through /proc/self/clear_refs before each update).
@@ -48,14 +49,17 @@ def main() -> None:
     p.add_argument("--microbatch", type=int, default=4)
     p.add_argument("--remat", choices=["none", "block", "full"], default="none")
     p.add_argument("--updates", type=int, default=2)
+    p.add_argument("--units", type=int, default=0, help="the noise scale's units of whole groups (a run's default: 2)")
+    p.add_argument("--unit-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="the units' own gradient buffer (float32: as before 2026-12-07)")
     args = p.parse_args()
 
     from cadence.launch.host_memory import fix_mmap_threshold
-    from cadence.learner import packing
-    from cadence.learner.batching import build_microbatches
     from cadence.learner.config import LearnerConfig
     from cadence.learner.models import llama
     from cadence.learner.models.config import ModelConfig
+    from cadence.learner.packing import layout_microbatches
+    from cadence.learner.steps import grpo_step
     from cadence.learner.steps.grpo_step import GRPOTrainStep
     from cadence.learner.steps.scoring import llama_logits
 
@@ -66,23 +70,22 @@ def main() -> None:
                         remat=args.remat, microbatch_tokens=args.microbatch_tokens)
     cfg.validate()
     graphdef, params = llama.init_params(mcfg, 0, None)
+    grpo_step.UNIT_DTYPE = jax.numpy.dtype(args.unit_dtype)  # read when the unit buffer is traced
     step = GRPOTrainStep(llama_logits(graphdef, args.remat), cfg)
     state = step.init(params)
     del params
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(state.params))
     rss_init, _ = resident_mb()
     groups = make_groups(args.batch, args.group, args.seq_len, mcfg.vocab_size, lengths="mix")
-    if args.microbatch_tokens:
-        rows = packing.rows_per_microbatch(args.microbatch_tokens, args.seq_len)
-        mbs, stats = packing.pack_microbatches(groups, args.seq_len, rows, 0, cfg.grpo)
-    else:
-        mbs, stats = build_microbatches(groups, args.seq_len, args.microbatch, 0, cfg.grpo)
+    mbs, stats = layout_microbatches(groups, args.seq_len, args.microbatch, args.microbatch_tokens, 0, cfg.grpo,
+                                     units=args.units)
+    units = stats.get("unit_microbatches")
     peaks, after, seconds = [], [], []
     for _ in range(args.updates):
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM: each update's own peak
         t0 = time.perf_counter()
-        state, _ = step.update(state, mbs, stats["num_tokens"])
+        state, _ = step.update(state, mbs, stats["num_tokens"], units=units)
         jax.block_until_ready(state.params)
         seconds.append(round(time.perf_counter() - t0, 1))
         rss, hwm = resident_mb()
@@ -91,6 +94,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "learner_memory", "preset": args.preset, "microbatch_tokens": args.microbatch_tokens,
         "microbatch": args.microbatch, "remat": args.remat, "microbatches": len(mbs),
+        "units": units, "unit_dtype": args.unit_dtype if units and max(units) > 1 else None,
         "real_tokens": int(sum(int((np.asarray(mb.mask) > 0).sum()) for mb in mbs)),
         "mmap_threshold_fixed": mmap_fixed, "env_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
         # the baseline: what the learner state itself is (params + 2 moments + gradients)

@@ -126,9 +126,21 @@ def _sum_squares(tree) -> jax.Array:
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
 
 
-def _add_unit(grads, part):
-    """(grads + part, |part|^2): a unit's summed gradient into the batch's, with its squared norm."""
-    return jax.tree.map(jnp.add, grads, part), _sum_squares(part)
+# A noise-scale unit's own gradient (GRPOTrainStep._accumulate_all) is kept only for its norm, so
+# it is summed in bfloat16 beside the exact float32 batch gradient: half a model copy instead of a
+# whole one alive through the gradient pass (SmolLM2 in float32: 0.27 GB). Rounding to bf16 is
+# unbiased, so |unit|^2 over the model's many entries moves by ~1e-5 relative; the noise
+# estimate reads differences of order 1 (|unit|^2 against |batch|^2), far above that.
+UNIT_DTYPE = jnp.bfloat16
+
+
+def _unit_zeros(params):
+    return jax.tree.map(lambda x: jnp.zeros(x.shape, UNIT_DTYPE), params)
+
+
+def _unit_norm(part):
+    """(|part|^2, part zeroed in place for the next unit)."""
+    return _sum_squares(part), jax.tree.map(jnp.zeros_like, part)
 
 
 def check_temperature(temperature: float) -> float:
@@ -192,7 +204,10 @@ class GRPOTrainStep:
             self._accumulate_proximal = self._accumulate
             self._accumulate_apply = jax.jit(self._accumulate_apply_impl, donate_argnums=donate_apply)
             self._accumulate_apply_proximal = self._accumulate_apply
-            self._add_unit = jax.jit(_add_unit, donate_argnums=(0,))
+            self._accumulate_unit = self._accumulate_unit_proximal = jax.jit(self._accumulate_unit_impl,
+                                                                             donate_argnums=(1, 2))
+            self._unit_zeros = jax.jit(_unit_zeros)
+            self._unit_norm = jax.jit(_unit_norm, donate_argnums=(0,))
             return
         p, b, r = layout.params, layout.batch, layout.replicated
         o = layout.opt_state(self.optimizer)
@@ -212,7 +227,16 @@ class GRPOTrainStep:
         self._accumulate_apply_proximal = jax.jit(
             self._accumulate_apply_impl, donate_argnums=donate_apply,
             in_shardings=(p, o, p, b, r, r, b), out_shardings=(p, o, r, r))
-        self._add_unit = jax.jit(_add_unit, donate_argnums=(0,), in_shardings=(p, p), out_shardings=(p, r))
+        self._accumulate_unit = jax.jit(self._accumulate_unit_impl, donate_argnums=(1, 2),
+                                        in_shardings=(p, p, p, b, r, r), out_shardings=(p, p, r))
+        self._accumulate_unit_proximal = jax.jit(self._accumulate_unit_impl, donate_argnums=(1, 2),
+                                                 in_shardings=(p, p, p, b, r, r, b), out_shardings=(p, p, r))
+        self._unit_jits(p, r)
+
+    def _unit_jits(self, p, r) -> None:
+        """The noise units' bf16 buffer: made, and read (norm) and zeroed in place, on the params' shardings."""
+        self._unit_zeros = jax.jit(_unit_zeros, in_shardings=(p,), out_shardings=p)
+        self._unit_norm = jax.jit(_unit_norm, donate_argnums=(0,), in_shardings=(p,), out_shardings=(r, p))
 
     # ---- pure functions (traced) ----
 
@@ -245,18 +269,28 @@ class GRPOTrainStep:
             params = lora.join(frozen, params)
         return self._score(params, mb.tokens, mb.positions, mb.mask).logprobs  # [M, T]
 
-    def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None, frozen=None,
-                         noise=None):
+    def _microbatch_grads(self, params, packed, num_tokens, num_sequences, proximal, frozen, noise):
+        """(this microbatch's gradient, its stats): the metrics (additive) and its grad-norm^2 in one
+        small vector [K + 1], fetched with the others at the end of the update."""
         mb = unpack_microbatch(packed, segments=self.packed)  # [M, 5T + 1] (packed: 6T) -> Microbatch
         (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
             params, mb, num_tokens, num_sequences, proximal, frozen, noise
         )
-        grads = jax.tree.map(jnp.add, grads, mb_grads)
-        # One small vector per microbatch: the metrics (additive) and this microbatch's grad-norm^2,
-        # fetched together at the end of the update.
         stats = jnp.stack([metrics[k].astype(jnp.float32) for k in self._metric_keys]
-                          + [_sum_squares(mb_grads)])  # [K + 1]
-        return grads, stats
+                          + [_sum_squares(mb_grads)])
+        return mb_grads, stats
+
+    def _accumulate_impl(self, params, grads, packed, num_tokens, num_sequences, proximal=None, frozen=None,
+                         noise=None):
+        mb_grads, stats = self._microbatch_grads(params, packed, num_tokens, num_sequences, proximal, frozen, noise)
+        return jax.tree.map(jnp.add, grads, mb_grads), stats
+
+    def _accumulate_unit_impl(self, params, grads, part, packed, num_tokens, num_sequences, proximal=None,
+                              frozen=None, noise=None):
+        """_accumulate_impl that also sums the gradient into its noise unit's bf16 `part`."""
+        mb_grads, stats = self._microbatch_grads(params, packed, num_tokens, num_sequences, proximal, frozen, noise)
+        part = jax.tree.map(lambda u, g: (u.astype(g.dtype) + g).astype(UNIT_DTYPE), part, mb_grads)
+        return jax.tree.map(jnp.add, grads, mb_grads), part, stats
 
     def _apply_impl(self, params, opt_state, grads):
         grads = sharding.fp32_grads(grads)  # the moments are float32 (a no-op for float32 params)
@@ -309,7 +343,10 @@ class GRPOTrainStep:
             in_shardings=(p, o, p, b, r, r, *tail), out_shardings=(p, o, r, r))
         self._merge = jax.jit(functools.partial(lora.merge_weights, lora_cfg=self.lora),
                               in_shardings=(pb, p), out_shardings=pb)
-        self._add_unit = jax.jit(_add_unit, donate_argnums=(0,), in_shardings=(p, p), out_shardings=(p, r))
+        self._accumulate_unit = self._accumulate_unit_proximal = jax.jit(
+            self._accumulate_unit_impl, donate_argnums=(1, 2), in_shardings=(p, p, p, b, r, r, *tail),
+            out_shardings=(p, p, r))
+        self._unit_jits(p, r)
         return p
 
     def policy_params(self, params):
@@ -369,35 +406,37 @@ class GRPOTrainStep:
     def _accumulate_all(self, params, packed, n, s, proximal, noise=None, units=None, skip=()):
         """(gradient summed over the microbatches, per-microbatch stats (None where skipped),
         per-unit |gradient|^2 or None). units: microbatches per unit (consecutive); each unit's
-        gradient is summed apart (one more gradient-sized buffer) and added to the batch's with its
-        norm taken. Units of one microbatch each are the microbatches' own norms: no second buffer.
+        gradient is also summed apart, in bf16 (UNIT_DTYPE: half a gradient-sized buffer), for its
+        norm. Units of one microbatch each are the microbatches' own norms: no second buffer.
         skip: indices of microbatches without a signal (their gradient is zero: not computed)."""
         grads = self._zeros(params)
         per_mb, unit_sq = [], None
         separate = units is not None and len(units) > 1 and max(units) > 1
         if separate:
             unit_sq, ends = [], set(np.cumsum(units).tolist())
-            part = self._zeros(params)
+            part = self._unit_zeros(params)
         for i, mb in enumerate(packed):
-            acc = part if separate else grads
+            acc = (grads, part) if separate else (grads,)
             if i in skip:
                 stats = None
-            elif self.lora is not None:
-                acc, stats = self._accumulate(params, acc, mb, n, s, *self._lora_args(
-                    None if proximal is None else proximal[i], None if noise is None else (*noise, i)))
-            elif proximal is None:
-                acc, stats = self._accumulate(params, acc, mb, n, s)
             else:
-                acc, stats = self._accumulate_proximal(params, acc, mb, n, s, proximal[i])
+                if self.lora is not None:
+                    extra = self._lora_args(None if proximal is None else proximal[i],
+                                            None if noise is None else (*noise, i))
+                else:
+                    extra = () if proximal is None else (proximal[i],)
+                if separate:
+                    fn = self._accumulate_unit if proximal is None else self._accumulate_unit_proximal
+                else:
+                    fn = self._accumulate if proximal is None else self._accumulate_proximal
+                *acc, stats = fn(params, *acc, mb, n, s, *extra)
             per_mb.append(stats)
-            if not separate:
-                grads = acc
-            elif i + 1 in ends:  # the unit is complete
-                grads, sq = self._add_unit(grads, acc)
-                unit_sq.append(sq)
-                part = self._zeros(params) if i + 1 < len(packed) else None
-            else:
-                part = acc
+            grads = acc[0]
+            if separate:
+                part = acc[1]
+                if i + 1 in ends:  # the unit is complete: its norm, and a zeroed buffer for the next
+                    sq, part = self._unit_norm(part)
+                    unit_sq.append(sq)
         return grads, per_mb, unit_sq
 
     def _scalar(self, value) -> jax.Array:
