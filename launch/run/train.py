@@ -27,6 +27,7 @@ from cadence.actors.prompt_stream import PromptStream
 from cadence.actors.rewards import make_scorer
 from cadence.actors.tasks.base import is_multi_turn
 from cadence.launch import artifacts, compile_cache
+from cadence.launch.host_memory import HeapTrimmer, release_free_heap
 from cadence.launch.run import run_state
 from cadence.launch.config_loader import ConfigError, to_dict
 from cadence.launch.config import Config, actor_processes, preflight, seq_len as config_seq_len
@@ -343,7 +344,7 @@ def _build_run(cfg: Config, run_dir: str, procs: LearnerProcesses, learner: _Lea
                        # its rates count from now: after the step-0 evaluation
                        measure_generation=_generation_meter(cfg, pipe, actor_engine, begin),
                        group_filter=make_group_filter(cfg.learner),  # dynamic sampling (None when off)
-                       before_update=learner.checkpointer.wait,  # the update donates what a save may still read
+                       before_update=_before_update(learner.checkpointer),
                        samples=meta["samples"] if begin.restored else 0,
                        dropped=meta["dropped"] if begin.restored else None)
     if refit is not None:  # Adam's rescale (and the concurrency) before the first update
@@ -386,6 +387,19 @@ def _fit_mesh(controller, learner: _Learner, procs: LearnerProcesses, progress: 
     return decision
 
 
+def _before_update(checkpointer: Checkpointer):
+    """Waits for a background save (the update donates the Adam moments it may still be reading),
+    then returns to the OS what the batch's generation and the save freed but kept in the heaps
+    (launch/host_memory.py): otherwise it stays resident through the gradient pass."""
+    trim = HeapTrimmer()
+
+    def before():
+        checkpointer.wait()
+        trim()
+
+    return before
+
+
 def _noting(on_step, note: str):
     """on_step, with `note` added to the first record's controller/decision (a re-plan for the mesh
     takes effect from the first update after a start)."""
@@ -420,7 +434,9 @@ def _drive(cfg: Config, run_dir: str, learner: _Learner, run: _Run, progress: Pr
             summary.update(run_dir=run_dir, steps=state.step, samples=loop.samples, dropped=dict(loop.dropped),
                            dropped_stale=loop.dropped.get("stale", 0), reward_errors=dict(loop.reward_errors),
                            preempted=preempted)
+            release_free_heap()  # the final evaluation's leftovers, before the write's own transient
             run.recorder.save(state, finished=not preempted, wait=True)
+            release_free_heap()  # what the writer's threads freed (launch/host_memory.py)
         finally:
             pipe.stop(time.monotonic() + life.remaining(cap=5.0), finished=False)  # no-op after a clean stop
             run.sinks.close()
@@ -502,6 +518,7 @@ def _finish(cfg: Config, run_dir: str, learner: _Learner, state, preempted: bool
             procs.save_params(run_dir, state.params, save_merged(learner.train_step, artifacts.save_params))
             adapters = learner.lora.whole_adapters(state.params)
             params = learner.lora.merged(adapters)
+        release_free_heap()  # what orbax's threads freed
         if cfg.model.path:  # a checkpoint came in: ship the trained weights in the same format
             summary["hf_export"] = os.path.join(run_dir, "hf")
             export_policy(learner.policy, params, summary["hf_export"], fetch=procs.fetch)  # a shard at a time

@@ -61,3 +61,47 @@ def test_an_explicit_environment_setting_wins(monkeypatch):
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     assert fix_mmap_threshold() is False
+
+
+TRIM_PROGRAM = r"""
+import ctypes, json, sys, threading
+from cadence.launch.host_memory import HeapTrimmer, fix_mmap_threshold
+assert fix_mmap_threshold()  # as a run has it: blocks under 256 KB stay in the heaps
+trim = HeapTrimmer(min_growth=64 << 20)  # before the writer: the resident size it grows from
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+kept, out = [], {}
+def writer():  # a checkpoint writer's pattern: 64 KB buffers freed, small ones kept between them
+    blocks = []
+    for _ in range(3200):
+        b = libc.malloc(64 << 10); ctypes.memset(b, 1, 64 << 10); blocks.append(b)
+        kept.append(libc.malloc(64))
+    out["held"] = rss_mb()
+    for b in blocks:
+        libc.free(b)
+t = threading.Thread(target=writer); t.start(); t.join()
+out["after_free"] = rss_mb()
+out["released"] = trim()
+out["after_release"] = rss_mb()
+out["again"] = trim()  # nothing grew since: not even tried
+out["trims"] = trim.trims
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_the_trimmer_returns_what_another_thread_freed_once_it_grew():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env["PYTHONPATH"] = ROOT
+    proc = subprocess.run([sys.executable, "-c", TRIM_PROGRAM], env=env, capture_output=True, text=True,
+                          timeout=60, check=True)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["held"] > 190  # 200 MB were really written
+    assert out["after_free"] > out["held"] - 50  # freed, but still resident in the thread's heap
+    assert out["released"] and out["after_release"] < out["held"] - 150
+    assert out["again"] is False and out["trims"] == 1
