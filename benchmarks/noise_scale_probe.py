@@ -13,6 +13,8 @@ errors. Also in Adam's metric (norms weighted by 1 / (sqrt(nu_hat) + eps), the c
 second moment): the noise scale of a preconditioned step.
 
     python benchmarks/noise_scale_probe.py --run RUN_DIR --checkpoint STEP --samples 16384 --batch-sizes 64 256
+    python benchmarks/noise_scale_probe.py ... learner.grpo.clip_low=0.99 learner.grpo.clip_high=100 \
+        learner.grpo.dual_clip=0     # overrides of the run's config: here the objective without its clip
 
 RUN_DIR: a GRPO run with checkpoints, e.g. a fixed run of `cadence experiment decision-rule`
 (docs/controller.md has the sort-6 figures); ~1 min a probe at sort-6's size on 2 cores.
@@ -38,6 +40,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=16384, help="samples per batch size and side")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[128])
     p.add_argument("--seed", type=int, default=123)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the run's config")
     args = p.parse_args()
 
     from cadence.actors.actor_loop import Actor
@@ -55,7 +58,7 @@ def main() -> None:
     from cadence.learner.steps.grpo_step import LearnerState
     from cadence.protocols.weights import InProcessWeights
 
-    cfg = build(Config(), [os.path.join(args.run, "config.yaml")])
+    cfg = build(Config(), [os.path.join(args.run, "config.yaml")], args.overrides)
     policy = build_policy(cfg)
     ts = make_train_step(policy.graphdef, cfg.learner, completion_budget=cfg.engine.max_new_tokens,
                          temperature=cfg.engine.temperature)
@@ -121,7 +124,7 @@ def main() -> None:
         return out
 
     result = {"bench": "noise_scale_probe", "run": os.path.abspath(args.run), "checkpoint": int(step),
-              "samples_per_point": args.samples, "adam_step": count, "lr": hyper.get("learning_rate"),
+              "samples_per_point": args.samples, "overrides": args.overrides, "adam_step": count, "lr": hyper.get("learning_rate"),
               "fresh": {}, "stale": {}}
     for b in args.batch_sizes:
         fresh = Actor("fresh", engine, task, None, InProcessWeights(params, 0), G, 1, args.seed + 1)
