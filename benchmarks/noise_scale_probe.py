@@ -13,8 +13,8 @@ errors. Also in Adam's metric (norms weighted by 1 / (sqrt(nu_hat) + eps), the c
 second moment): the noise scale of a preconditioned step.
 
     python benchmarks/noise_scale_probe.py --run RUN_DIR --checkpoint STEP --samples 16384 --batch-sizes 64 256
-    python benchmarks/noise_scale_probe.py ... learner.grpo.clip_low=0.99 learner.grpo.clip_high=100 \
-        learner.grpo.dual_clip=0     # overrides of the run's config: here the objective without its clip
+    python benchmarks/noise_scale_probe.py ... --set learner.grpo.clip_low=0.99 \
+        --set learner.grpo.clip_high=100 --set learner.grpo.dual_clip=0   # the objective without its clip
 
 RUN_DIR: a GRPO run with checkpoints, e.g. a fixed run of `cadence experiment decision-rule`
 (docs/controller.md has the sort-6 figures); ~1 min a probe at sort-6's size on 2 cores.
@@ -40,7 +40,8 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=16384, help="samples per batch size and side")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[128])
     p.add_argument("--seed", type=int, default=123)
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the run's config")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="an override of the run's config (repeatable)")
     args = p.parse_args()
 
     from cadence.actors.actor_loop import Actor
