@@ -13,12 +13,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROGRAM = r"""
-import ctypes, json, sys
-fix = sys.argv[1] == "fix"
-if fix:
-    from cadence.launch.host_memory import fix_mmap_threshold
-    assert fix_mmap_threshold()
+# malloc/free straight from glibc, and the resident size, in the child
+LIBC = r"""
+import ctypes, json, sys, threading
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -26,6 +23,12 @@ def rss_mb():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS"):
             return int(line.split()[1]) / 1024
+"""
+PROGRAM = LIBC + r"""
+fix = sys.argv[1] == "fix"
+if fix:
+    from cadence.launch.host_memory import fix_mmap_threshold
+    assert fix_mmap_threshold()
 def touch(p, n):
     ctypes.memset(p, 1, n)
 big = libc.malloc(8 << 20); touch(big, 8 << 20); libc.free(big)  # glibc: threshold -> 8 MB
@@ -39,17 +42,18 @@ print(json.dumps({"held": held, "after_free": rss_mb()}))
 """
 
 
-def _run(mode: str) -> dict:
+def _run(program: str, *args: str) -> dict:
+    """The program's last line of output (JSON), run in a fresh interpreter without MALLOC_* settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env["PYTHONPATH"] = ROOT
-    out = subprocess.run([sys.executable, "-c", PROGRAM, mode], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", program, *args], env=env, capture_output=True, text=True,
                          timeout=60, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_freed_blocks_return_to_the_os_only_with_the_threshold_fixed():
-    default, fixed = _run("default"), _run("fix")
+    default, fixed = _run(PROGRAM, "default"), _run(PROGRAM, "fix")
     assert default["held"] > 280 and fixed["held"] > 280  # 300 MB were really written
     # glibc as it comes keeps the freed 299 MB in its heap; fixed, they are unmapped on free
     assert default["after_free"] > default["held"] - 50
@@ -63,18 +67,10 @@ def test_an_explicit_environment_setting_wins(monkeypatch):
     assert fix_mmap_threshold() is False
 
 
-TRIM_PROGRAM = r"""
-import ctypes, json, sys, threading
+TRIM_PROGRAM = LIBC + r"""
 from cadence.launch.host_memory import HeapTrimmer, fix_mmap_threshold
 assert fix_mmap_threshold()  # as a run has it: blocks under 256 KB stay in the heaps
 trim = HeapTrimmer(min_growth=64 << 20)  # before the writer: the resident size it grows from
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-def rss_mb():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) / 1024
 kept, out = [], {}
 def writer():  # a checkpoint writer's pattern: 64 KB buffers freed, small ones kept between them
     blocks = []
@@ -96,11 +92,7 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
 def test_the_trimmer_returns_what_another_thread_freed_once_it_grew():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    env["PYTHONPATH"] = ROOT
-    proc = subprocess.run([sys.executable, "-c", TRIM_PROGRAM], env=env, capture_output=True, text=True,
-                          timeout=60, check=True)
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _run(TRIM_PROGRAM)
     assert out["held"] > 190  # 200 MB were really written
     assert out["after_free"] > out["held"] - 50  # freed, but still resident in the thread's heap
     assert out["released"] and out["after_release"] < out["held"] - 150
