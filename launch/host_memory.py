@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 
@@ -28,6 +29,7 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 DEFAULT_THRESHOLD = 256 << 10
 
 
+@functools.lru_cache(maxsize=1)
 def _libc():
     """glibc, or None (off Linux, or another C library: musl has neither mallopt nor malloc_trim)."""
     if not sys.platform.startswith("linux"):

@@ -294,7 +294,7 @@ def test_unit_gradient_norms_are_each_unit_alone_and_the_update_is_unchanged():
     groups = _groups(4, seed=33)
     mbs, stats = layout_microbatches(groups, T, 4, 2 * T, PAD, cfg.grpo, units=2)
     units, n = stats["unit_microbatches"], stats["num_tokens"]
-    assert max(units) > 1  # a unit of several microbatches: summed apart, then added
+    assert max(units) > 1  # a unit of several microbatches: also summed apart (bf16), for its norm
     state, m = step.update(step.init(params), mbs, n, units=units)
     ends = np.cumsum([0, *units])
     for k, (a, b) in enumerate(zip(ends[:-1], ends[1:])):
