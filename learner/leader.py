@@ -139,7 +139,7 @@ class _LeaderStep(_Wrapped):
             lead.register(state.params)
             return state
 
-    def update(self, state, microbatches, num_tokens: int, units=None):
+    def update(self, state, microbatches, num_tokens: int, units=None, unit_objective: str = "trained"):
         lead = self._leader
         if not microbatches:
             raise ValueError("update: no microbatches")
@@ -147,9 +147,11 @@ class _LeaderStep(_Wrapped):
         with lead.lock:
             whole, parts = whole_batch(microbatches), lead.split_rows(microbatches)
             lead.send("update", {"num_tokens": int(num_tokens), "gen": lead.generation(state.params),
-                                 "step": int(state.step), "whole": list(whole), "units": units},
+                                 "step": int(state.step), "whole": list(whole), "units": units,
+                                 "unit_objective": unit_objective},
                       parts=[microbatch_arrays(part) for part in parts])
-            state, metrics = self._inner.update(state, parts[0], num_tokens, whole=whole, units=units)
+            state, metrics = self._inner.update(state, parts[0], num_tokens, whole=whole, units=units,
+                                                unit_objective=unit_objective)
             lead.register(state.params)
             return state, metrics
 
@@ -278,7 +280,8 @@ class Follower:
         # programs in the same order
         self.state, _ = self.step.update(state, microbatches_from(arrays), meta["num_tokens"],
                                          whole=WholeBatch(rows, tuple(sequences), tuple(loss_tokens), tuple(signal)),
-                                         units=meta.get("units"))
+                                         units=meta.get("units"),
+                                         unit_objective=meta.get("unit_objective", "trained"))
         self._hold(self.state.params)
 
     def _on_hyper(self, meta, arrays):

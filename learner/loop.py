@@ -167,8 +167,12 @@ class LearnerLoop:
                                                   s.pad_id, s.grpo, units, s.separate_flat, s.share_prompts)
         if self.before_update is not None:
             self.before_update()
+        # The layout keeps its units every update (a steady cost); the step measures them when asked.
+        objective = (self.controller.gradient_objective(int(state.step) + 1, max(batch.staleness) > 0)
+                     if units else None)
         state, metrics = self.train_step.update(state, microbatches, stats["num_tokens"],
-                                                units=stats.get("unit_microbatches"))
+                                                units=stats.get("unit_microbatches") if objective else None,
+                                                unit_objective=objective or "trained")
         train_seconds = time.perf_counter() - t0
         self.samples += sum(len(g.rewards) for g in batch.groups)
         rewards = np.concatenate([np.asarray(g.rewards, np.float64) for g in batch.groups])
@@ -195,6 +199,8 @@ class LearnerLoop:
             out["learner/row_fill"] = stats["row_fill"]
         if "shared_prompt_tokens" in stats:  # prompt copies the shared layout did not compute
             out["learner/shared_prompt_tokens"] = stats["shared_prompt_tokens"]
+        if units:  # 0: the update's gradient norms are not a noise reading (Observation.gradients None)
+            out["noise/measured"] = int(objective is not None)
         if "unit_tokens" in metrics:  # whole-group units: each one's share of the loss's normalizer
             sizes = stats["unit_samples"]
             per_token = s.grpo.aggregation == "token_mean"
@@ -253,13 +259,14 @@ def observation(step: int, metrics: dict, generation: Generation | None = None) 
     metrics by name: the one place they are read for the controller)."""
     m = metrics
     grads = None
-    if m.get("microbatch_grad_norm_sq") is not None:
+    if m.get("microbatch_grad_norm_sq") is not None and m.get("noise/measured", 1):
         units = m.get("unit_share") is not None
         grads = GradientNorms(float(m["grad_norm_sq"]), tuple(m["microbatch_grad_norm_sq"]),
                               tuple(m["microbatch_tokens"]),
                               unit_grad_norm_sq=tuple(m["unit_grad_norm_sq"]) if units else (),
                               unit_share=tuple(m["unit_share"]) if units else (),
-                              unit_samples=tuple(int(n) for n in m["unit_samples"]) if units else ())
+                              unit_samples=tuple(int(n) for n in m["unit_samples"]) if units else (),
+                              unit_batch_grad_norm_sq=m.get("unit_batch_grad_norm_sq"))
     return Observation(step=step, batch_size=int(m["batch_size"]), train_seconds=m.get("learner/train_seconds"),
                        tokens=float(m.get("tokens", 0)), gradients=grads, ess=m.get("ess"),
                        clip_frac=m.get("clip_frac"), staleness_mean=m.get("staleness/mean"),

@@ -338,6 +338,7 @@ def grpo_token_loss(
     num_sequences=None,
     completion_budget: int = 0,
     segments: jax.Array | None = None,
+    clip: bool = True,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The GRPO-family loss of a (micro)batch: clipped surrogate, correction, aggregation.
 
@@ -368,6 +369,10 @@ def grpo_token_loss(
       segments: optional [B, T] int segment ids of packed rows (1..k per row, 0 = padding): the
         sequence-level parts (aggregation, GSPO's sequence ratio, the default num_sequences) then
         treat each segment as its own sequence. None: one sequence per row.
+      clip: False drops the clip and dual clip from the objective (w r A: the importance-weighted
+        policy gradient, unbiased for the current policy's), as the batch-size controller's noise
+        scale measures it on stale batches (GRPOTrainStep.update's unit_objective); the metrics
+        still say where the clip would bind.
 
     Returns:
       (loss scalar, metrics): metrics are additive over microbatches (token sums / num_tokens):
@@ -395,6 +400,8 @@ def grpo_token_loss(
     dual_clip = getattr(cfg, "dual_clip", 0.0)
     objective, clipped = clipped_surrogate(ratio, advantages, cfg.clip_low, cfg.clip_high,
                                            dual_clip)  # [B, T]
+    if not clip:
+        objective = ratio * advantages
     pg_loss = -aggregate(weight * objective, mask, cfg, num_tokens, num_sequences, completion_budget,
                          segments)
     loss = pg_loss

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Literal
 
 SCALINGS = ("sqrt", "linear", "none")
+NOISE_OBJECTIVES = ("unclipped", "trained")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,19 @@ class ControllerConfig:
     # microbatch more per unit); one sample per row: every place a group and a microbatch end
     # together (free). 0: the microbatches as they come.
     noise_units: int = 2
+    # What the units' gradients are of on an update whose batch an older policy sampled (async):
+    # under the coupled correction the trained objective's clip drops the tokens the last update
+    # moved most, a systematic part the two-batch estimate reads as |G|^2 (sort-6: B_noise ~280
+    # read where on-policy batches at the same params give 600-1,200, docs/controller.md).
+    # "unclipped": those units come from the objective without its clip (same importance
+    # weights: unbiased for the current policy's gradient), in a gradient pass of their own
+    # (GRPO; PPO keeps its microbatches' trained norms); "trained": from the trained gradient
+    # (free, biased low on stale batches). On-policy updates always use the trained gradient:
+    # its ratio is 1 but for the sampler's mismatch, nothing for the clip to drop.
+    noise_objective: Literal["unclipped", "trained"] = "unclipped"
+    # Off-policy updates measure the noise scale every this many ("unclipped": the pass costs
+    # one more gradient pass over the batch); the others give the estimate nothing.
+    noise_every: int = 1
     probe: bool = True  # move to the neighbouring B once where B alone cannot feed the rule (docs/controller.md)
     # Move once to a neighbouring B the learner was never timed at when the rule holds B but
     # that B is predicted faster at the other end of B_noise's range: the learner's time is
@@ -66,6 +80,10 @@ class ControllerConfig:
         if self.noise_units == 1 or self.noise_units < 0:
             raise ValueError(f"noise_units: must be 0 (microbatches) or >= 2 (units of whole groups), "
                              f"got {self.noise_units}")
+        if self.noise_objective not in NOISE_OBJECTIVES:
+            raise ValueError(f"noise_objective: must be one of {NOISE_OBJECTIVES}, got {self.noise_objective!r}")
+        if self.noise_every < 1:
+            raise ValueError(f"noise_every: must be >= 1, got {self.noise_every}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.min_ess <= 1.0:

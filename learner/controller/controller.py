@@ -131,6 +131,11 @@ class BatchSizeController:
     def gradient_units(self) -> int:
         return self.cfg.noise_units
 
+    def gradient_objective(self, step: int, off_policy: bool) -> str | None:
+        if not off_policy:
+            return "trained"
+        return self.cfg.noise_objective if step % self.cfg.noise_every == 0 else None
+
     # ---- measurements ----
 
     def observe(self, obs: Observation) -> None:
@@ -298,17 +303,18 @@ class BatchSizeController:
 
     def _probe(self, step: int, b: int, entry: dict, why: str, scores: dict | None = None) -> Decision | None:
         """Move to the neighbouring B to measure there, where the rule cannot be applied from B
-        alone (cfg.probe): 2B, or B/2 where the rule's scores already say B/2 pays by the margin
-        at the end of B_noise's range least in its favour (a noise scale well below B: sort-6
-        from B = 256 probed 512 first and paid 20 updates there). None when there is no
-        neighbour to move to."""
+        alone (cfg.probe): B/2, else (B at the floor, or one group per update) 2B. Either gives
+        the learner's time a second point; the smaller B is the safe side, since the scaling
+        rule's lr falls with it: sort-6 from B = 256 probed 512, where the sqrt rule's lr (2.8x
+        the base's) stalls learning (fixed B = 512 reaches the target in 1 of 3 seeds), and the
+        damage outlasted the probe (docs/controller.md). A probe is a measurement; only the rule's
+        predicted gain moves B up. `scores` is kept for the log. None when there is no neighbour."""
+        del scores
         cands = [c for c in candidate_batch_sizes(b, self.cfg.min_batch_size, self.cfg.max_batch_size,
                                                   self.multiple) if c != b]
         if not self.cfg.probe or not cands:
             return None
-        target, down = max(cands), min(cands)
-        if scores and down < b and scores.get(down, 1.0) < 1.0 - self.cfg.hysteresis:
-            target = down
+        target = min(cands)
         return self._move(step, entry, "probe", target,
                           f"probe B {b} -> {target}: {why}; scaling {self.cfg.scaling}")
 

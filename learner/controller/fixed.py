@@ -58,6 +58,9 @@ class FixedBatchSize:
     def gradient_units(self) -> int:
         return 0  # it measures nothing
 
+    def gradient_objective(self, step: int, off_policy: bool) -> str | None:
+        return None
+
     def state_dict(self) -> dict:
         return {"batch_size": self.batch_size, "concurrency": self.concurrency}
 

@@ -80,6 +80,9 @@ class GradientNorms:
     unit_grad_norm_sq: tuple[float, ...] = ()  # each unit's contribution to g, squared
     unit_share: tuple[float, ...] = ()  # its share of the loss normalizer (tokens, or sequences)
     unit_samples: tuple[int, ...] = ()  # samples in each unit
+    # |g|^2 of the whole batch under the objective the units were measured on, where that is not
+    # the trained one (ControllerConfig.noise_objective "unclipped"); None: grad_norm_sq.
+    unit_batch_grad_norm_sq: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +129,13 @@ class Controller(Protocol):
     def gradient_units(self) -> int:
         """Whole-group units per batch it wants gradient norms of (Observation.gradients.unit_*:
         the learner lays the batch out so no microbatch straddles two); 0: none."""
+        ...
+
+    def gradient_objective(self, step: int, off_policy: bool) -> str | None:
+        """What update `step`'s gradient norms are to measure (off_policy: its batch holds samples
+        of an older policy): "trained" (parts of the trained gradient), "unclipped" (of the
+        objective without its clip, a pass of their own: ControllerConfig.noise_objective), or
+        None (nothing this update: its Observation then has no gradients)."""
         ...
 
     def state_dict(self) -> dict:

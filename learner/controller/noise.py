@@ -14,6 +14,12 @@ carries it, the small batches' norms grow, and |G|^2 comes out <= 0 (SmolLM2: 66
 docs/controller.md). The small batches are therefore whole-group units (GradientNorms.unit_*), the
 microbatches only where the train step reported no units.
 
+On a batch sampled by an older policy (asynchronous runs) the trained objective's clip drops the
+tokens the last update moved most: a systematic part of the clipped gradient, present in every
+unit, that the estimate reads as |G|^2 (sort-6: B_noise 250-300 where on-policy batches read
+600-1,200). The units are then taken from the objective without its clip
+(ControllerConfig.noise_objective) and |G_B|^2 is that objective's (GradientNorms.unit_batch_grad_norm_sq).
+
 Each term is unbiased but noisy (the |G|^2 one can be negative), so each gets its own
 exponential moving average and only the averages are divided. Units are samples.
 
@@ -117,7 +123,8 @@ class NoiseScaleEstimator:
         small, sizes = small_batches(grads, batch_size)
         if len(small) < 2:
             return False  # one part: small == big, nothing to compare
-        return self.update(small, float(grads.grad_norm_sq), sizes, float(batch_size))
+        big = grads.grad_norm_sq if grads.unit_batch_grad_norm_sq is None else grads.unit_batch_grad_norm_sq
+        return self.update(small, float(big), sizes, float(batch_size))
 
     @property
     def grad_sq(self) -> float | None:

@@ -133,6 +133,10 @@ def _sum_squares(tree) -> jax.Array:
 # estimate reads differences of order 1 (|unit|^2 against |batch|^2), far above that.
 UNIT_DTYPE = jnp.bfloat16
 
+# What a noise unit's gradient is of (GRPOTrainStep.update): the trained objective, or the same
+# without its clip.
+UNIT_OBJECTIVES = ("trained", "unclipped")
+
 
 def _unit_zeros(params):
     return jax.tree.map(lambda x: jnp.zeros(x.shape, UNIT_DTYPE), params)
@@ -206,8 +210,7 @@ class GRPOTrainStep:
             self._accumulate_apply_proximal = self._accumulate_apply
             self._accumulate_unit = self._accumulate_unit_proximal = jax.jit(self._accumulate_unit_impl,
                                                                              donate_argnums=(1, 2))
-            self._unit_zeros = jax.jit(_unit_zeros)
-            self._unit_norm = jax.jit(_unit_norm, donate_argnums=(0,))
+            self._unit_jits()
             return
         p, b, r = layout.params, layout.batch, layout.replicated
         o = layout.opt_state(self.optimizer)
@@ -231,22 +234,35 @@ class GRPOTrainStep:
                                         in_shardings=(p, p, p, b, r, r), out_shardings=(p, p, r))
         self._accumulate_unit_proximal = jax.jit(self._accumulate_unit_impl, donate_argnums=(1, 2),
                                                  in_shardings=(p, p, p, b, r, r, b), out_shardings=(p, p, r))
-        self._unit_jits(p, r)
+        self._unit_jits(p, r, (p, p, p, b, r, r))
 
-    def _unit_jits(self, p, r) -> None:
-        """The noise units' bf16 buffer: made, and read (norm) and zeroed in place, on the params' shardings."""
+    def _unit_jits(self, p=None, r=None, unit_in=None) -> None:
+        """The noise units' programs (on the params' shardings with a layout): their bf16 buffer made,
+        and read (norm) and zeroed in place; the unclipped objective's accumulate (unit_objective);
+        a gradient's |g|^2. unit_in: in_shardings of the accumulate's leading arguments."""
+        unclipped = functools.partial(self._accumulate_unit_impl, clip=False)
+        if p is None:
+            self._unit_zeros = jax.jit(_unit_zeros)
+            self._unit_norm = jax.jit(_unit_norm, donate_argnums=(0,))
+            self._accumulate_unclipped = jax.jit(unclipped, donate_argnums=(1, 2))
+            self._grad_sq = jax.jit(_sum_squares)
+            return
         self._unit_zeros = jax.jit(_unit_zeros, in_shardings=(p,), out_shardings=p)
         self._unit_norm = jax.jit(_unit_norm, donate_argnums=(0,), in_shardings=(p,), out_shardings=(r, p))
+        self._accumulate_unclipped = jax.jit(unclipped, donate_argnums=(1, 2), in_shardings=unit_in,
+                                             out_shardings=(p, p, r))
+        self._grad_sq = jax.jit(_sum_squares, in_shardings=(p,), out_shardings=r)
 
     # ---- pure functions (traced) ----
 
     def loss_fn(self, params, mb: Microbatch, num_tokens, num_sequences=None,
-                proximal_logprobs=None, frozen=None, noise=None) -> tuple[jax.Array, dict]:
+                proximal_logprobs=None, frozen=None, noise=None, clip: bool = True) -> tuple[jax.Array, dict]:
         """GRPO loss of one microbatch normalized by the global token (and sequence) counts;
         (loss, metrics). num_sequences defaults to the microbatch's own rows with tokens;
         proximal_logprobs [M, T] to the current policy's (stop-gradient) log-probs; frozen: a
         LoRA run's base params (params are then its adapters); noise: int32 [step, minibatch,
-        microbatch] keying adapter dropout (learner.lora.dropout > 0)."""
+        microbatch] keying adapter dropout (learner.lora.dropout > 0); clip: False drops the
+        objective's clip (grpo_token_loss)."""
         if frozen is not None:
             params = lora.join(frozen, params)
         grpo = self.cfg.grpo
@@ -260,7 +276,7 @@ class GRPOTrainStep:
             logprobs, mb.behavior_logprobs, mb.advantages, mb.loss_mask, num_tokens, grpo,
             entropy=entropy, proximal_logprobs=proximal_logprobs, num_sequences=num_sequences,
             completion_budget=self.completion_budget,
-            segments=sequence_ids(mb.mask) if self.packed else None,
+            segments=sequence_ids(mb.mask) if self.packed else None, clip=clip,
         )
 
     def _proximal_impl(self, params, packed, frozen=None):
@@ -269,12 +285,12 @@ class GRPOTrainStep:
             params = lora.join(frozen, params)
         return self._score(params, mb.tokens, mb.positions, mb.mask).logprobs  # [M, T]
 
-    def _microbatch_grads(self, params, packed, num_tokens, num_sequences, proximal, frozen, noise):
+    def _microbatch_grads(self, params, packed, num_tokens, num_sequences, proximal, frozen, noise, clip=True):
         """(this microbatch's gradient, its stats): the metrics (additive) and its grad-norm^2 in one
         small vector [K + 1], fetched with the others at the end of the update."""
         mb = unpack_microbatch(packed, segments=self.packed)  # [M, 5T + 1] (packed: 6T) -> Microbatch
         (_, metrics), mb_grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
-            params, mb, num_tokens, num_sequences, proximal, frozen, noise
+            params, mb, num_tokens, num_sequences, proximal, frozen, noise, clip
         )
         stats = jnp.stack([metrics[k].astype(jnp.float32) for k in self._metric_keys]
                           + [_sum_squares(mb_grads)])
@@ -286,9 +302,10 @@ class GRPOTrainStep:
         return jax.tree.map(jnp.add, grads, mb_grads), stats
 
     def _accumulate_unit_impl(self, params, grads, part, packed, num_tokens, num_sequences, proximal=None,
-                              frozen=None, noise=None):
+                              frozen=None, noise=None, clip=True):
         """_accumulate_impl that also sums the gradient into its noise unit's bf16 `part`."""
-        mb_grads, stats = self._microbatch_grads(params, packed, num_tokens, num_sequences, proximal, frozen, noise)
+        mb_grads, stats = self._microbatch_grads(params, packed, num_tokens, num_sequences, proximal, frozen, noise,
+                                                 clip)
         part = jax.tree.map(lambda u, g: (u.astype(g.dtype) + g).astype(UNIT_DTYPE), part, mb_grads)
         return jax.tree.map(jnp.add, grads, mb_grads), part, stats
 
@@ -346,7 +363,7 @@ class GRPOTrainStep:
         self._accumulate_unit = self._accumulate_unit_proximal = jax.jit(
             self._accumulate_unit_impl, donate_argnums=(1, 2), in_shardings=(p, p, p, b, r, r, *tail),
             out_shardings=(p, p, r))
-        self._unit_jits(p, r)
+        self._unit_jits(p, r, (p, p, p, b, r, r, *tail))
         return p
 
     def policy_params(self, params):
@@ -403,15 +420,16 @@ class GRPOTrainStep:
         s = self._scalar(max(sequences, 1))
         return packed, n, s
 
-    def _accumulate_all(self, params, packed, n, s, proximal, noise=None, units=None, skip=()):
+    def _accumulate_all(self, params, packed, n, s, proximal, noise=None, units=None, skip=(), clip=True):
         """(gradient summed over the microbatches, per-microbatch stats (None where skipped),
         per-unit |gradient|^2 or None). units: microbatches per unit (consecutive); each unit's
         gradient is also summed apart, in bf16 (UNIT_DTYPE: half a gradient-sized buffer), for its
         norm. Units of one microbatch each are the microbatches' own norms: no second buffer.
-        skip: indices of microbatches without a signal (their gradient is zero: not computed)."""
+        skip: indices of microbatches without a signal (their gradient is zero: not computed).
+        clip=False: the objective without its clip, for the units (one program: every unit apart)."""
         grads = self._zeros(params)
         per_mb, unit_sq = [], None
-        separate = units is not None and len(units) > 1 and max(units) > 1
+        separate = units is not None and len(units) > 1 and (max(units) > 1 or not clip)
         if separate:
             unit_sq, ends = [], set(np.cumsum(units).tolist())
             part = self._unit_zeros(params)
@@ -425,7 +443,9 @@ class GRPOTrainStep:
                                             None if noise is None else (*noise, i))
                 else:
                     extra = () if proximal is None else (proximal[i],)
-                if separate:
+                if not clip:
+                    fn = self._accumulate_unclipped
+                elif separate:
                     fn = self._accumulate_unit if proximal is None else self._accumulate_unit_proximal
                 else:
                     fn = self._accumulate if proximal is None else self._accumulate_proximal
@@ -467,7 +487,7 @@ class GRPOTrainStep:
 
     def update(
         self, state: LearnerState, microbatches: Sequence[Microbatch], num_tokens: int,
-        whole: WholeBatch | None = None, units: Sequence[int] | None = None,
+        whole: WholeBatch | None = None, units: Sequence[int] | None = None, unit_objective: str = "trained",
     ) -> tuple[LearnerState, dict]:
         """Train on one batch: learner.minibatches optimizer steps (default 1) over its microbatches.
 
@@ -480,6 +500,12 @@ class GRPOTrainStep:
           units: microbatches per unit of whole groups, in order (layout_microbatches's
             stats["unit_microbatches"]): the metrics then also hold unit_grad_norm_sq and
             unit_tokens, as the microbatch ones (one minibatch only; with several, no units).
+          unit_objective: "trained": the units are parts of the trained gradient (free);
+            "unclipped": of the objective without its clip (grpo_token_loss's clip=False), in a
+            gradient pass of their own before the trained one, and unit_batch_grad_norm_sq is
+            that objective's whole-batch |g|^2. Where the trained objective cannot clip (a
+            correction other than "coupled": its ratio is 1 at one minibatch) the two are the
+            same and no pass is added. Why: ControllerConfig.noise_objective.
 
         The state's Adam moments are donated to the update: use the returned state afterwards,
         not `state` (its params stay valid; they may still be sampled from).
@@ -498,7 +524,7 @@ class GRPOTrainStep:
         chunks = [list(c) for c in np.array_split(np.arange(len(microbatches)), self.cfg.minibatches) if len(c)]
         if len(chunks) == 1:
             state, metrics = self._update_minibatch(state, microbatches, num_tokens, whole=whole, minibatch=0,
-                                                    units=units)
+                                                    units=units, unit_objective=unit_objective)
             return state._replace(step=state.step + 1), {**metrics, "step": state.step + 1}
         packed = self.pack(microbatches, whole)  # once: the proximal pass and the updates share it
         proximal = None
@@ -524,7 +550,8 @@ class GRPOTrainStep:
         return state._replace(step=state.step + 1), metrics
 
     def _update_minibatch(self, state: LearnerState, microbatches, num_tokens: int, proximal=None,
-                          packed=None, whole: WholeBatch | None = None, minibatch: int = 0, units=None):
+                          packed=None, whole: WholeBatch | None = None, minibatch: int = 0, units=None,
+                          unit_objective: str = "trained"):
         """One optimizer step on the given microbatches; (state with step unchanged, metrics)."""
         params = state.params
         if not microbatches:
@@ -535,8 +562,19 @@ class GRPOTrainStep:
         if units is not None and sum(units) != len(packed):
             raise ValueError(f"update: units {list(units)} do not add up to the {len(packed)} microbatches")
         skip = self._skipped(microbatches, whole)
+        if unit_objective not in UNIT_OBJECTIVES:
+            raise ValueError(f"update: unit_objective must be one of {UNIT_OBJECTIVES}, got {unit_objective!r}")
+        trained_units, batch_sq = units, None
+        if (unit_objective == "unclipped" and units is not None and len(units) > 1
+                and proximal is None and self.cfg.grpo.correction == "coupled"):
+            # First, so its two buffers are gone before the trained gradient's is made.
+            total, _, unit_sq = self._accumulate_all(params, packed, n, s, None, noise, units, skip, clip=False)
+            batch_sq, trained_units = self._grad_sq(total), None
+            del total
         if len(packed) > 1:
-            grads, per_mb, unit_sq = self._accumulate_all(params, packed, n, s, proximal, noise, units, skip)
+            grads, per_mb, trained_sq = self._accumulate_all(params, packed, n, s, proximal, noise, trained_units,
+                                                             skip)
+            unit_sq = trained_sq if trained_units is not None else unit_sq
             new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
         elif skip:  # one microbatch, no signal: Adam still steps (its moments decay), on a zero gradient
             new_params, opt_state, grad_norm = self._apply(params, state.opt_state, self._zeros(params))
@@ -552,7 +590,7 @@ class GRPOTrainStep:
             per_mb = [stats]
         hyper = optim.hyperparam_arrays(opt_state)
 
-        per_mb, grad_norm, hyper, unit_sq = jax.device_get((per_mb, grad_norm, hyper, unit_sq))
+        per_mb, grad_norm, hyper, unit_sq, batch_sq = jax.device_get((per_mb, grad_norm, hyper, unit_sq, batch_sq))
         width = len(self._metric_keys) + 1
         per_mb = np.stack([np.zeros(width) if x is None else x for x in per_mb]).astype(np.float64)  # [num_mb, K + 1]
         mb_tokens = (list(whole.loss_tokens) if whole is not None
@@ -582,6 +620,8 @@ class GRPOTrainStep:
                 unit_sq = per_mb[:, -1].tolist()
             metrics.update(unit_grad_norm_sq=unit_sq,
                            unit_tokens=[float(sum(mb_tokens[a:b])) for a, b in zip(ends[:-1], ends[1:])])
+            if batch_sq is not None:  # the units' objective is not the trained one: its batch |g|^2
+                metrics["unit_batch_grad_norm_sq"] = float(batch_sq)
         metrics.update({k: float(v) for k, v in hyper.items()})
         return LearnerState(new_params, opt_state, state.step), metrics
 

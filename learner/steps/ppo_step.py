@@ -338,11 +338,14 @@ class PPOTrainStep:
         return grads, per_mb, info
 
     def update(self, state: PPOState, microbatches: Sequence[Microbatch], num_tokens: int,
-               whole: WholeBatch | None = None, units=None) -> tuple[PPOState, dict]:
+               whole: WholeBatch | None = None, units=None, unit_objective: str = "trained"
+               ) -> tuple[PPOState, dict]:
         """One PPO update on the whole batch (microbatches from build_microbatches, with rewards).
 
-        units (GRPOTrainStep.update's) is accepted and unused: a critic's advantages do not tie a
-        group's samples together, so the microbatches are the noise scale's small batches.
+        units and unit_objective (GRPOTrainStep.update's) are accepted and unused: a critic's
+        advantages do not tie a group's samples together, so the microbatches are the noise
+        scale's small batches, parts of the trained (clipped) gradient: on stale batches the clip's
+        bias stays in PPO's estimate (ControllerConfig.noise_objective).
 
         Returns:
           (new state, host metrics): those of GRPOTrainStep.update (loss, pg_loss, clip_frac, ess,

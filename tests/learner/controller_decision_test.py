@@ -304,14 +304,14 @@ def test_one_group_per_update_probes_the_next_batch_size_for_a_noise_scale():
 
 def test_learner_time_at_one_batch_size_is_probed_once_then_the_rule_uses_the_fixed_cost():
     """With one measured B the learner's model has no fixed cost (X flat in B), and a rule fed
-    that never grows for the learner's sake. The controller spends one dwell at 2B, fits
-    t = t_fix + B t_sample from the two points, and decides from that (here: 2B pays, so it stays)."""
+    that never grows for the learner's sake. The controller spends one dwell at B/2, fits
+    t = t_fix + B t_sample from the two points, and decides from that (here: larger B pays)."""
     learner_time = lambda b: 2.0 + 0.01 * b  # seconds: a large fixed cost
     ctrl = BatchSizeController(ControllerConfig(enabled=True, window=5, dwell=10, min_batch_size=16,
                                                 max_batch_size=1024, hysteresis=0.1, warmup_steps=0),
                                LEARNER, generation=Curve(lambda c: 1e6), noise=Noise(1e4))
     b, actions = drive_timed(ctrl, 40, learner_time)
-    assert actions[0] == (10, "probe", 128, 256)
+    assert actions[0] == (10, "probe", 128, 64)
     assert [a for _, a, _, _ in actions].count("probe") == 1  # once: two points measured from then on
     t_fix, t_sample = ctrl.learner.cost()
     assert t_fix == pytest.approx(2.0, rel=1e-6) and t_sample == pytest.approx(0.01, rel=1e-6)
@@ -338,9 +338,10 @@ class RangeNoise(Noise):
 def test_an_unmeasured_batch_size_predicted_faster_at_the_range_s_other_end_is_explored_once(explore):
     """B_noise >= 40, unbounded: growing pays only if B_noise is large, and the learner's X at 2B is
     an extrapolation. The controller moves there once to measure (each B once), where without
-    exploration it holds B forever on the pessimistic end."""
+    exploration it holds B forever on the pessimistic end. (B starts at the floor, so the learner's
+    probe goes up.)"""
     learner_time = lambda b: 2.0 + 0.01 * b
-    ctrl = BatchSizeController(ControllerConfig(enabled=True, window=5, dwell=10, min_batch_size=16,
+    ctrl = BatchSizeController(ControllerConfig(enabled=True, window=5, dwell=10, min_batch_size=128,
                                                 max_batch_size=1024, hysteresis=0.1, warmup_steps=0,
                                                 explore=explore),
                                LEARNER, generation=Curve(lambda c: 1e6), noise=RangeNoise(40.0))
@@ -360,12 +361,17 @@ def test_an_unmeasured_batch_size_predicted_faster_at_the_range_s_other_end_is_e
     assert restored.explored == {512, 1024}
 
 
-def test_the_learner_probe_goes_to_half_the_batch_where_the_rule_already_says_that_pays():
-    """B_noise = 50 well below B = 128: B/2 is predicted faster by the margin even with X flat, so
-    the probe that measures the learner's second point goes there, not to 2B (sort-6 from B = 256
-    probed 512 first, 20 updates at a batch the rule was about to leave)."""
-    ctrl = BatchSizeController(ControllerConfig(enabled=True, window=5, dwell=10, min_batch_size=16,
-                                                max_batch_size=1024, hysteresis=0.1, warmup_steps=0),
-                               LEARNER, generation=Curve(lambda c: 1e6), noise=Noise(50.0))
-    _, actions = drive_timed(ctrl, 10, lambda b: 2.0 + 0.01 * b)
-    assert actions == [(10, "probe", 128, 64)]
+@pytest.mark.parametrize("noise_scale", [50.0, 1e4])
+def test_the_learner_probe_goes_to_half_the_batch_and_up_only_from_the_floor(noise_scale):
+    """The learner's second point is measured at B/2, whatever the rule would say of 2B: the
+    scaling rule's lr falls with B, where at 2B it rises past any the run has trained with
+    (sort-6 from B = 256 probed 512, whose sqrt-scaled lr stalls learning, and lost the time).
+    From the floor (min_batch_size) it goes to 2B."""
+    def first_move(min_batch_size):
+        ctrl = BatchSizeController(ControllerConfig(enabled=True, window=5, dwell=10, min_batch_size=min_batch_size,
+                                                    max_batch_size=1024, hysteresis=0.1, warmup_steps=0),
+                                   LEARNER, generation=Curve(lambda c: 1e6), noise=Noise(noise_scale))
+        return drive_timed(ctrl, 10, lambda b: 2.0 + 0.01 * b)[1]
+
+    assert first_move(16) == [(10, "probe", 128, 64)]
+    assert first_move(128) == [(10, "probe", 128, 256)]

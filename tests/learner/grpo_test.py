@@ -186,6 +186,27 @@ def test_dual_clip_bounds_negative_advantages_against_numpy(dual_clip):
         assert float(metrics["dual_clip_frac"]) == 0.0
 
 
+@pytest.mark.parametrize("correction", ["coupled", "decoupled"])
+def test_unclipped_objective_is_the_importance_weighted_policy_gradient(correction):
+    # clip=False (the controller's noise units on stale batches): every token keeps d(-w r A / N),
+    # the clipped ones (ratios 1.5, 0.5 on the wrong side, 4.0 and 9.0 past the dual clip) included.
+    cfg = _cfg(correction=correction, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    (loss, metrics), grad = jax.value_and_grad(
+        lambda lp: _jax_loss(cfg, lp=lp, clip=False), has_aux=True)(jnp.asarray(LP, jnp.float32))
+    r, w = np_ratio_weight(LP, BLP, LP, cfg)
+    a = ADV[:, None]
+    np.testing.assert_allclose(float(loss), -np.sum(w * r * a * MASK) / N, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), -w * r * a * MASK / N, rtol=1e-5, atol=1e-7)
+    _, _, binding = np_loss_and_grad(LP, BLP, ADV, MASK, N, cfg)
+    # the metrics still say where the clip would bind (coupled: it does; decoupled: ratio 1)
+    np.testing.assert_allclose(float(metrics["clip_frac"]), np.sum(binding * MASK) / N, atol=1e-7)
+    clipped = np.asarray(jax.grad(lambda lp: _jax_loss(cfg, lp=lp)[0])(jnp.asarray(LP, jnp.float32)))
+    if correction == "coupled":
+        assert np.sum(binding * MASK) >= 4 and not np.allclose(clipped, np.asarray(grad))
+    else:
+        np.testing.assert_allclose(clipped, np.asarray(grad), rtol=1e-6)
+
+
 def test_dual_clip_must_sit_above_the_upper_clip():
     with pytest.raises(ValueError, match="dual_clip"):
         _cfg(dual_clip=1.1, clip_high=0.28).validate()

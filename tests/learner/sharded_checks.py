@@ -139,11 +139,15 @@ def check_grpo_packed_data_fsdp():
         counts.append(len(mbs))
         assert_trees_close(grads_of(single, s1, mbs, stats["num_tokens"]),
                            grads_of(sharded, s2, mbs, stats["num_tokens"]), f"packed grads step {k}")
-        s1, m1 = single.update(s1, mbs, stats["num_tokens"], units=units)
-        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"], units=units)
+        objective = "unclipped" if k == 1 else "trained"  # the units' own pass, on the mesh too
+        s1, m1 = single.update(s1, mbs, stats["num_tokens"], units=units, unit_objective=objective)
+        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"], units=units, unit_objective=objective)
         np.testing.assert_allclose(m2["loss"], m1["loss"], err_msg=f"packed loss step {k}", **TOL)
         np.testing.assert_allclose(m2["unit_grad_norm_sq"], m1["unit_grad_norm_sq"], rtol=1e-4,
                                    err_msg=f"unit norms step {k}")
+        assert ("unit_batch_grad_norm_sq" in m2) == (k == 1)
+        if k == 1:
+            np.testing.assert_allclose(m2["unit_batch_grad_norm_sq"], m1["unit_batch_grad_norm_sq"], rtol=1e-4)
         assert len(units) == (1 if num_groups == 1 else 2)
         # Adam's first steps divide by sqrt(v) + eps: a gradient near eps turns a 1e-9 difference
         # into ~1e-5 of the param, so the params get a looser bound than the gradients above.
@@ -287,10 +291,13 @@ def check_lora_fsdp_tensor():
     assert tuple(q["lora_b"].get_value().sharding.spec) == (None, kernel[1]), q["lora_b"].get_value().sharding
     for k, num_groups in enumerate((4, 1)):  # accumulate + apply (two units of 2), then the fused program
         mbs, stats = layout_microbatches(groups(num_groups, seed=k), T, MB, 0, PAD, cfg.grpo, units=2)
-        s1, m1 = single.update(s1, mbs, stats["num_tokens"], units=stats["unit_microbatches"])
-        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"], units=stats["unit_microbatches"])
+        units, objective = stats["unit_microbatches"], "unclipped" if k == 0 else "trained"
+        s1, m1 = single.update(s1, mbs, stats["num_tokens"], units=units, unit_objective=objective)
+        s2, m2 = sharded.update(s2, mbs, stats["num_tokens"], units=units, unit_objective=objective)
         np.testing.assert_allclose(m2["loss"], m1["loss"], **TOL)
         np.testing.assert_allclose(m2["unit_grad_norm_sq"], m1["unit_grad_norm_sq"], rtol=1e-4)
+        if k == 0:  # the unclipped units' pass with the adapters' shardings
+            np.testing.assert_allclose(m2["unit_batch_grad_norm_sq"], m1["unit_batch_grad_norm_sq"], rtol=1e-4)
         assert_trees_close(s1.params, s2.params, f"adapters after step {k}", PARAMS_AFTER_ADAM_TOL)
     assert all(np.array_equal(x, y) for x, y in zip(host(sharded.frozen), host(base)))
     merged = sharded.policy_params(s2.params)
