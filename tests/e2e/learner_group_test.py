@@ -58,6 +58,26 @@ def test_two_processes_equal_one_in_sync_mode_and_resume_on_one(tmp_path):
     assert all(np.isfinite(r["loss"]) for r in rows[1:])
 
 
+def test_two_processes_measure_the_unclipped_units_of_stale_batches_together(tmp_path):
+    # asynchronous: every stale update's noise units come from a pass of their own on the
+    # unclipped objective; the follower must run that pass too (the leader sends which), or the
+    # two processes' collectives would not match and the run would hang or fail
+    run = str(tmp_path / "run")
+    r = cadence(*BASE, "actors.max_staleness=1", "run.steps=6", "run.eval_every=6", "controller.enabled=true",
+                "controller.dwell=1000", "controller.noise_every=1", "learner.processes=2", f"run.dir={run}",
+                timeout=600)  # ~1-2 min; a follower without the pass hangs (tried)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [row for row in read_metrics(run) if row["step"]]
+    assert len(rows) == 6
+    stale = [row for row in rows if row["staleness/max"] > 0]
+    assert stale, [row["staleness/max"] for row in rows]
+    for row in rows:
+        assert row["noise/measured"] == 1
+        # the units' own batch norm exactly where the batch was stale (coupled correction, the default)
+        assert ("unit_batch_grad_norm_sq" in row) == (row["staleness/max"] > 0)
+        assert len(row["unit_grad_norm_sq"]) >= 2 and np.isfinite(row["loss"])
+
+
 def test_a_group_that_cannot_start_exits_nonzero_naming_the_key(tmp_path):
     # 3 tensor-parallel devices do not divide the group's 2: every process fails at start, none hangs
     r = cadence("learner.processes=2", "learner.mesh.tensor=3", "learner.mesh.fsdp=1",

@@ -103,9 +103,10 @@ def test_the_controller_asks_for_the_unclipped_units_on_stale_batches_every_nois
         ctrl = BatchSizeController(ControllerConfig(enabled=True, min_batch_size=8, **kw), learner, 1, True)
         return [ctrl.gradient_objective(step, off_policy) for step in (1, 2, 3, 4) for off_policy in (False, True)]
 
-    assert asks() == ["trained", "unclipped"] * 4
+    assert asks(noise_every=1) == ["trained", "unclipped"] * 4
     assert asks(noise_every=2) == ["trained", None, "trained", "unclipped"] * 2
-    assert asks(noise_objective="trained") == ["trained", "trained"] * 4
+    assert asks() == ["trained", None] * 3 + ["trained", "unclipped"]  # every 4th stale update
+    assert asks(noise_objective="trained", noise_every=1) == ["trained", "trained"] * 4
     assert FixedBatchSize(16, 4).gradient_objective(2, True) is None
     for bad, field in ((dict(noise_objective="clipped"), "noise_objective"), (dict(noise_every=0), "noise_every")):
         with pytest.raises(ValueError, match=field):
