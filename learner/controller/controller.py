@@ -268,7 +268,7 @@ class BatchSizeController:
         entry["scores"] = {str(k): v for k, v in scores.items()}
         if len(self.learner.batch_sizes()) == 1:
             probe = self._probe(step, b, entry, "the learner's time measured at one batch size says nothing of "
-                                                "its fixed cost (X would be flat in B)", scores)
+                                                "its fixed cost (X would be flat in B)")
             if probe is not None:
                 return probe
         gain = 1.0 - scores[best]
@@ -301,15 +301,14 @@ class BatchSizeController:
             return f"{low:.0f}"
         return f">= {low:.0f} (|G|^2 within noise of 0)" if math.isinf(high) else f"{low:.0f}-{high:.0f}"
 
-    def _probe(self, step: int, b: int, entry: dict, why: str, scores: dict | None = None) -> Decision | None:
+    def _probe(self, step: int, b: int, entry: dict, why: str) -> Decision | None:
         """Move to the neighbouring B to measure there, where the rule cannot be applied from B
         alone (cfg.probe): B/2, else (B at the floor, or one group per update) 2B. Either gives
         the learner's time a second point; the smaller B is the safe side, since the scaling
         rule's lr falls with it: sort-6 from B = 256 probed 512, where the sqrt rule's lr (2.8x
         the base's) stalls learning (fixed B = 512 reaches the target in 1 of 3 seeds), and the
         damage outlasted the probe (docs/controller.md). A probe is a measurement; only the rule's
-        predicted gain moves B up. `scores` is kept for the log. None when there is no neighbour."""
-        del scores
+        predicted gain moves B up. None when there is no neighbour."""
         cands = [c for c in candidate_batch_sizes(b, self.cfg.min_batch_size, self.cfg.max_batch_size,
                                                   self.multiple) if c != b]
         if not self.cfg.probe or not cands:

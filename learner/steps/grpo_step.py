@@ -51,6 +51,7 @@ from cadence.learner import sharding
 from cadence.learner.algorithms.grpo import finalize_metrics, grpo_token_loss
 from cadence.learner.batching import Microbatch, pack_microbatch, unpack_microbatch
 from cadence.learner.config import LearnerConfig
+from cadence.learner.controller.config import NOISE_OBJECTIVES
 from cadence.learner.models import lora
 from cadence.learner.segments import sequence_ids
 from cadence.learner.steps.scoring import score_tokens
@@ -132,10 +133,6 @@ def _sum_squares(tree) -> jax.Array:
 # unbiased, so |unit|^2 over the model's many entries moves by ~1e-5 relative; the noise
 # estimate reads differences of order 1 (|unit|^2 against |batch|^2), far above that.
 UNIT_DTYPE = jnp.bfloat16
-
-# What a noise unit's gradient is of (GRPOTrainStep.update): the trained objective, or the same
-# without its clip.
-UNIT_OBJECTIVES = ("trained", "unclipped")
 
 
 def _unit_zeros(params):
@@ -562,8 +559,8 @@ class GRPOTrainStep:
         if units is not None and sum(units) != len(packed):
             raise ValueError(f"update: units {list(units)} do not add up to the {len(packed)} microbatches")
         skip = self._skipped(microbatches, whole)
-        if unit_objective not in UNIT_OBJECTIVES:
-            raise ValueError(f"update: unit_objective must be one of {UNIT_OBJECTIVES}, got {unit_objective!r}")
+        if unit_objective not in NOISE_OBJECTIVES:
+            raise ValueError(f"update: unit_objective must be one of {NOISE_OBJECTIVES}, got {unit_objective!r}")
         trained_units, batch_sq = units, None
         if (unit_objective == "unclipped" and units is not None and len(units) > 1
                 and proximal is None and self.cfg.grpo.correction == "coupled"):
@@ -574,7 +571,8 @@ class GRPOTrainStep:
         if len(packed) > 1:
             grads, per_mb, trained_sq = self._accumulate_all(params, packed, n, s, proximal, noise, trained_units,
                                                              skip)
-            unit_sq = trained_sq if trained_units is not None else unit_sq
+            if batch_sq is None:  # the units are the trained gradient's
+                unit_sq = trained_sq
             new_params, opt_state, grad_norm = self._apply(params, state.opt_state, grads)
         elif skip:  # one microbatch, no signal: Adam still steps (its moments decay), on a zero gradient
             new_params, opt_state, grad_norm = self._apply(params, state.opt_state, self._zeros(params))
