@@ -24,6 +24,12 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     weight_decay is an injected hyperparameter too. Hyperparameters are kept in float32 whatever
     the params' dtype (a bf16 learning rate would be rounded to 3 digits).
     """
+    return optax.chain(*optimizer_parts(cfg))
+
+
+def optimizer_parts(cfg: OptimizerConfig) -> tuple[optax.GradientTransformation, ...]:
+    """make_optimizer's chain as its parts: (clip_by_global_norm,) if max_grad_norm > 0, then
+    inject_hyperparams(adam[w]); its state is one per part, in this order."""
     hyper = dict(learning_rate=cfg.lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
     if cfg.weight_decay > 0:
         adam = optax.inject_hyperparams(optax.adamw, hyperparam_dtype=jnp.float32)(
@@ -32,8 +38,8 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     else:
         adam = optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(**hyper)
     if cfg.max_grad_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adam)
-    return optax.chain(adam)
+        return optax.clip_by_global_norm(cfg.max_grad_norm), adam
+    return (adam,)
 
 
 def _is_inject_state(x: Any) -> bool:
@@ -96,3 +102,33 @@ def set_hyperparams(opt_state: Any, **values: float) -> Any:
 
     _find_inject_state(opt_state)  # raise if there is none
     return _map_inject_states(opt_state, replace)
+
+
+def updates_from_moments(opt_state: Any, params: Any) -> Any:
+    """The update make_optimizer's Adam(W) takes, read from its state *after* optimizer.update:
+    -lr * (mu_hat / (sqrt(nu_hat) + eps) + weight_decay * params), the moments' bias corrected
+    by 1 - b**count (optax's scale_by_adam with eps_root 0, add_decayed_weights,
+    scale_by_learning_rate).
+
+    Why: in one program XLA:CPU fuses the moments' update into the params' and then reads the old
+    moments after writing the new ones into their (donated) buffers, so it copies all of nu
+    first; and the clipped gradient, read by both moments' updates, is materialised: each a
+    model-sized temporary (0.54 GB at SmolLM2). Applied as three programs (clip the gradient in
+    place, the moments in place, then the params from them: learner.steps.grpo_step.AdamInParts)
+    nothing model-sized is made but the new params."""
+    inject = _find_inject_state(opt_state)
+    adam = inject.inner_state[0] if isinstance(inject.inner_state, tuple) else inject.inner_state
+    if not isinstance(adam, optax.ScaleByAdamState):
+        raise ValueError(f"opt_state's inner state is {type(adam).__name__}, not Adam's (use make_optimizer)")
+    hp = inject.hyperparams
+    correct_mu = 1 - hp["b1"] ** adam.count
+    correct_nu = 1 - hp["b2"] ** adam.count
+    decay = hp.get("weight_decay")
+
+    def update(mu, nu, param):
+        direction = (mu / correct_mu.astype(mu.dtype)) / (jnp.sqrt(nu / correct_nu.astype(nu.dtype)) + hp["eps"])
+        if decay is not None:
+            direction = direction + decay * param
+        return -hp["learning_rate"] * direction
+
+    return jax.tree.map(update, adam.mu, adam.nu, params)

@@ -178,6 +178,7 @@ class GRPOTrainStep:
         # learner.microbatch_tokens > 0: microbatches come packed (segment ids in mask, [M, 6T] on device)
         self.packed = cfg.microbatch_tokens > 0
         self.optimizer = optim.make_optimizer(cfg.optimizer)
+        self._optimizer_parts = optim.optimizer_parts(cfg.optimizer)  # the chain's, applied apart by _apply
         self.layout = layout
         # LoRA: the frozen base params (set by init) and the jitted merge that publishes base + adapters
         self.lora = cfg.lora if cfg.lora.rank > 0 else None
@@ -201,7 +202,7 @@ class GRPOTrainStep:
             self._init_opt = functools.partial(sharding.init_opt_state, self.optimizer)
             self._proximal = jax.jit(self._proximal_impl)
             self._accumulate = jax.jit(self._accumulate_impl, donate_argnums=(1,))
-            self._apply = jax.jit(self._apply_impl, donate_argnums=donate_apply)
+            self._apply = self._apply_jits()
             self._accumulate_proximal = self._accumulate
             self._accumulate_apply = jax.jit(self._accumulate_apply_impl, donate_argnums=donate_apply)
             self._accumulate_apply_proximal = self._accumulate_apply
@@ -220,8 +221,7 @@ class GRPOTrainStep:
                                    in_shardings=(p, p, b, r, r), out_shardings=(p, r))
         self._accumulate_proximal = jax.jit(self._accumulate_impl, donate_argnums=(1,),
                                             in_shardings=(p, p, b, r, r, b), out_shardings=(p, r))
-        self._apply = jax.jit(self._apply_impl, donate_argnums=donate_apply,
-                              in_shardings=(p, o, p), out_shardings=(p, o, r))
+        self._apply = self._apply_jits(p, o, r)
         self._accumulate_apply = jax.jit(self._accumulate_apply_impl, donate_argnums=donate_apply,
                                          in_shardings=(p, o, p, b, r, r), out_shardings=(p, o, r, r))
         self._accumulate_apply_proximal = jax.jit(
@@ -232,6 +232,21 @@ class GRPOTrainStep:
         self._accumulate_unit_proximal = jax.jit(self._accumulate_unit_impl, donate_argnums=(1, 2),
                                                  in_shardings=(p, p, p, b, r, r, b), out_shardings=(p, p, r))
         self._unit_jits(p, r, (p, p, p, b, r, r))
+
+    def _apply_jits(self, p=None, o=None, r=None) -> "AdamInParts":
+        """Adam's step as three programs (learner.optimizer.updates_from_moments says why): the
+        gradient clipped in place, the moments in place, then the params into the gradient's
+        buffer (or, with donate_state, the old params')."""
+        into = 0 if self._donate_apply == (0, 1) else 2
+        if p is None:
+            return AdamInParts(jax.jit(self._clip_impl, donate_argnums=(0,)),
+                               jax.jit(self._moments_impl, donate_argnums=(1,)),
+                               jax.jit(self._params_impl, donate_argnums=(into,), keep_unused=True))
+        return AdamInParts(
+            jax.jit(self._clip_impl, donate_argnums=(0,), in_shardings=(p,), out_shardings=(p, r)),
+            jax.jit(self._moments_impl, donate_argnums=(1,), in_shardings=(p, o, p), out_shardings=o),
+            jax.jit(self._params_impl, donate_argnums=(into,), keep_unused=True, in_shardings=(p, o, p),
+                    out_shardings=p))
 
     def _unit_jits(self, p=None, r=None, unit_in=None) -> None:
         """The noise units' programs (on the params' shardings with a layout): their bf16 buffer made,
@@ -312,6 +327,24 @@ class GRPOTrainStep:
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, grad_norm
 
+    def _clip_impl(self, grads):
+        """(the gradient clipped to optimizer.max_grad_norm, in float32; its norm before)."""
+        grads = sharding.fp32_grads(grads)  # the moments are float32 (a no-op for float32 params)
+        norm = optax.tree.norm(grads)
+        if len(self._optimizer_parts) > 1:
+            grads, _ = self._optimizer_parts[0].update(grads, optax.EmptyState())
+        return grads, norm
+
+    def _moments_impl(self, params, opt_state, clipped):
+        """opt_state after Adam's update from the clipped gradient (_params_impl reads the step
+        from it; the chain's clip state is stateless)."""
+        _, adam_state = self._optimizer_parts[-1].update(clipped, opt_state[-1], params)  # updates: dead code
+        return (*opt_state[:-1], adam_state)
+
+    def _params_impl(self, params, opt_state, grads):
+        del grads  # donated: the new params take its buffer
+        return optax.apply_updates(params, optim.updates_from_moments(opt_state, params))
+
     def _accumulate_apply_impl(self, params, opt_state, grads, packed, num_tokens, num_sequences,
                                proximal=None, frozen=None, noise=None):
         grads, stats = self._accumulate_impl(params, grads, packed, num_tokens, num_sequences, proximal, frozen,
@@ -350,8 +383,7 @@ class GRPOTrainStep:
         tail = (b, pb, r) if self.dropout else (b, pb)
         self._accumulate = self._accumulate_proximal = jax.jit(
             self._accumulate_impl, donate_argnums=(1,), in_shardings=(p, p, b, r, r, *tail), out_shardings=(p, r))
-        self._apply = jax.jit(self._apply_impl, donate_argnums=donate_apply,
-                              in_shardings=(p, o, p), out_shardings=(p, o, r))
+        self._apply = self._apply_jits(p, o, r)
         self._accumulate_apply = self._accumulate_apply_proximal = jax.jit(
             self._accumulate_apply_impl, donate_argnums=donate_apply,
             in_shardings=(p, o, p, b, r, r, *tail), out_shardings=(p, o, r, r))
@@ -651,6 +683,22 @@ class GRPOTrainStep:
         }
         fused = size(self._accumulate_apply, self._accumulate_apply_proximal)
         return {**sizes, "accumulate_apply": fused} if fused else sizes
+
+
+class AdamInParts:
+    """(params, opt_state, grads) -> (new params, new opt_state, grad norm) as three jitted
+    programs: the gradient clipped, the moments' update, the params' (GRPOTrainStep._apply_jits)."""
+
+    def __init__(self, clip, moments, params):
+        self.clip, self.moments, self.params = clip, moments, params
+
+    def __call__(self, params, opt_state, grads):
+        clipped, grad_norm = self.clip(grads)
+        opt_state = self.moments(params, opt_state, clipped)
+        return self.params(params, opt_state, clipped), opt_state, grad_norm
+
+    def _cache_size(self) -> int:
+        return max(self.clip._cache_size(), self.moments._cache_size(), self.params._cache_size())
 
 
 def int_vector(values, layout: sharding.Layout | None) -> jax.Array:

@@ -302,6 +302,22 @@ def test_donate_state_reuses_the_old_buffers():
     assert np.isfinite(metrics["loss"]) and step.cache_sizes()["apply"] == 1
 
 
+def test_adam_is_applied_without_a_model_sized_temporary():
+    # XLA:CPU copies the old second moment (and materialises the clipped gradient) when Adam runs
+    # as one program over donated buffers; the step's three programs make nothing but the params.
+    step = GRPOTrainStep(logits_fn, _cfg())
+    params = jax.eval_shape(init_params)
+    opt_state = jax.eval_shape(step._init_opt, params)
+    param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    parts = ((step._apply.clip, (params,)), (step._apply.moments, (params, opt_state, params)),
+             (step._apply.params, (params, opt_state, params)))
+    for fn, args in parts:
+        analysis = fn.lower(*args).compile().memory_analysis()
+        assert analysis.temp_size_in_bytes < param_bytes / 4
+        # every output but scalars (the norm, Adam's count and hyperparameters) in a donated buffer
+        assert analysis.output_size_in_bytes - analysis.alias_size_in_bytes < param_bytes / 4
+
+
 def _mb_logprobs(step, params, mb):
     return np.asarray(step.proximal_logprobs(params, [mb])[0], np.float64)  # [M, T]
 

@@ -128,3 +128,26 @@ def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}:"):
         dataclasses.replace(OptimizerConfig(), **{field: value}).validate()
     OptimizerConfig().validate()
+
+
+@pytest.mark.parametrize("cfg", [OptimizerConfig(lr=1e-2), OptimizerConfig(lr=1e-2, weight_decay=0.1),
+                                 OptimizerConfig(lr=1e-2, max_grad_norm=0.0)], ids=["adam", "adamw", "no_clip"])
+def test_updates_from_moments_equal_the_chains_update(cfg):
+    # The learner applies Adam as its parts (clip, moments, then the step read back from them);
+    # three updates, gradients large enough for the clip to bind, against the chain in one call.
+    tx, parts = optim.make_optimizer(cfg), optim.optimizer_parts(cfg)
+    assert len(parts) == (2 if cfg.max_grad_norm > 0 else 1)
+    whole = split = _params()
+    s_whole = s_split = tx.init(whole)
+    for t in range(3):
+        g = jax.tree.map(lambda x: 3.0 * x, _grads(t))
+        updates, s_whole = tx.update(g, s_whole, whole)
+        whole = optax.apply_updates(whole, updates)
+        if len(parts) > 1:
+            g, _ = parts[0].update(g, optax.EmptyState())
+        _, adam_state = parts[-1].update(g, s_split[-1], split)
+        s_split = (*s_split[:-1], adam_state)
+        split = optax.apply_updates(split, optim.updates_from_moments(s_split, split))
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)
+    assert int(_adam_inner(s_split).count) == 3
