@@ -30,6 +30,10 @@ class CheckpointConfig:
     keep: int = 3  # checkpoints kept (oldest deleted first)
     async_save: bool = True  # write in a background thread; the loop does not wait for the disk
     signal_timeout_seconds: float = 60.0  # after SIGTERM/SIGINT: final checkpoint and exit within this
+    # orbax's OCDBT format: a few files per checkpoint (what network filesystems and object stores
+    # want), but its write held +1.3-1.4 GiB for SmolLM2's 1.6 GB state inside a run (the run's peak);
+    # false writes a file per array chunk, +0.3 GiB (docs/results/smollm2_memory.md). Either restores.
+    ocdbt: bool = True
 
     def validate(self) -> None:
         if self.every_steps < 0:
@@ -101,8 +105,10 @@ class Checkpointer:
                 options = ocp.CheckpointManagerOptions(max_to_keep=self.cfg.keep,
                                                        enable_async_checkpointing=False,
                                                        **_multiprocess_options(ocp))
+                handlers = {"state": ocp.StandardCheckpointHandler(use_ocdbt=self.cfg.ocdbt),
+                            "meta": ocp.JsonCheckpointHandler()}
                 self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                                      item_names=("state", "meta"))
+                                                      item_names=("state", "meta"), item_handlers=handlers)
             return self._manager
 
     # -- saving -----------------------------------------------------------------------------------

@@ -34,6 +34,23 @@ def test_round_trip_is_bitwise_and_keeps_last_k(tmp_path):
     ck.close()
 
 
+@pytest.mark.parametrize("first,then", [(True, False), (False, True)])
+def test_either_format_restores_and_a_run_may_switch(tmp_path, first, then):
+    # checkpoint.ocdbt=false writes a file per array chunk; a directory holding steps of both
+    # formats restores its newest, whichever the reader is set to write
+    ck = Checkpointer(str(tmp_path / "ck"), CheckpointConfig(async_save=False, ocdbt=first))
+    ck.save(1, tree(1), {"step": 1})
+    ck.close()
+    ck = Checkpointer(str(tmp_path / "ck"), CheckpointConfig(async_save=False, ocdbt=then))
+    assert ck.restore_latest(tree(0))[0] == 1 and same(ck.restore_latest(tree(0))[1], tree(1))
+    ck.save(2, tree(2), {"step": 2})
+    step, arrays, _ = ck.restore_latest(tree(0))
+    assert step == 2 and same(arrays, tree(2))
+    ck.close()
+    ocdbt_files = [n for _, _, files in os.walk(tmp_path / "ck" / "2" / "state") for n in files if "ocdbt" in n]
+    assert bool(ocdbt_files) == then
+
+
 def test_corrupt_latest_falls_back_with_a_warning(tmp_path):
     ck = Checkpointer(str(tmp_path / "ck"), CheckpointConfig(keep=3, async_save=False))
     ck.save(1, tree(1), {"step": 1})
