@@ -49,12 +49,10 @@ def main() -> None:
             jax.block_until_ready(new_params)
             seconds.append(time.perf_counter() - t0)
             params = new_params
-        programs = [one] if fn is one else [fn.clip, fn.moments, fn.params]
-        temps = []
-        for prog in programs:
-            argsets = {"_clip_impl": (grads_like(params),)}
-            fargs = argsets.get(getattr(prog, "__name__", ""), (params, opt_state, grads_like(params)))
-            temps.append(prog.lower(*fargs).compile().memory_analysis().temp_size_in_bytes)
+        g = jax.eval_shape(grads_like, params)  # lowering needs shapes only
+        programs = ([(one, (params, opt_state, g))] if fn is one else
+                    [(fn.clip, (g,)), (fn.moments, (params, opt_state, g)), (fn.params, (params, opt_state, g))])
+        temps = [prog.lower(*a).compile().memory_analysis().temp_size_in_bytes for prog, a in programs]
         out[f"{name}_temp_mb"] = round(max(temps) / 1e6, 1)
         out[f"{name}_seconds"] = round(statistics.median(seconds[1:]), 3)
     out["parts_vs_one_program"] = round(out["parts_seconds"] / out["one_program_seconds"], 2)
