@@ -16,6 +16,7 @@ What it holds, in one run of 18 updates of 32 samples (~10-12 minutes on 2 quiet
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 18
 PEAK_LIMIT = 4.5 * 2**30  # bytes (measured: 4.13 GiB)
+# ~7-12 minutes on 2 cores; past this the run is stuck, not slow: it is stopped with its threads'
+# tracebacks in the log, so CI fails here with a cause instead of running out its own clock.
+DEADLINE_S = 25 * 60
 
 
 def _hwm_bytes(pid: int) -> int | None:
@@ -50,7 +54,7 @@ def _updates_logged(path: str) -> int:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_grpo_on_smollm2_raises_heldout_accuracy_within_the_memory_goal(smollm2_dir, tmp_path):
     run_dir = str(tmp_path / "run")
-    cmd = [sys.executable, "-m", "cadence.launch.cli", "train",
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "cadence.launch.cli", "train",
            "--config", os.path.join(ROOT, "benchmarks", "configs", "smollm2_decision_rule.yaml"),
            f"model.path={smollm2_dir}", "task.heldout_size=64",
            # the memory setting: synchronous sampling, 256-token rows, remat, the KV cache in bf16,
@@ -64,14 +68,29 @@ def test_grpo_on_smollm2_raises_heldout_accuracy_within_the_memory_goal(smollm2_
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env["PYTHONPATH"] = ROOT
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak, updates_peak = 0, None
+    log_path = tmp_path / "run.log"
+    # The run's output goes to a file, not a pipe: a pipe nobody reads until the end blocks the
+    # run once it fills. -X faulthandler: SIGABRT at the deadline dumps every thread's stack.
+    with open(log_path, "w") as log:
+        # (ulimit -c 0: the abort leaves no 4 GB core file; exec keeps the pid, whose VmHWM is read)
+        proc = subprocess.Popen(["sh", "-c", 'ulimit -c 0 && exec "$@"', "sh", *cmd], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+    peak, updates_peak, start = 0, None, time.monotonic()
     while proc.poll() is None:  # VmHWM only grows: its reading once the last update is logged is the updates' peak
         peak = max(peak, _hwm_bytes(proc.pid) or 0)
         if updates_peak is None and _updates_logged(metrics) >= STEPS:
             updates_peak = peak
+        if time.monotonic() - start > DEADLINE_S:
+            proc.send_signal(signal.SIGABRT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            pytest.fail(f"the run was still going after {DEADLINE_S} s with {_updates_logged(metrics)} of "
+                        f"{STEPS} updates logged; its output:\n{log_path.read_text()[-12000:]}")
         time.sleep(0.5)
-    out = proc.stdout.read()
+    out = log_path.read_text()
     assert proc.returncode == 0, out[-3000:]
     summary = json.loads(open(os.path.join(run_dir, "summary.json")).read())
     records = [json.loads(line) for line in open(metrics)]
