@@ -27,14 +27,16 @@ RunRecord = dict[str, Any]
 def fixed_batch_config(base: Config, batch_size: int, scaling: str, seed: int, *, base_batch_size: int,
                        max_samples: int, eval_samples: int, run_dir: str, stop_at: float = 0.0,
                        smallest_batch_size: int | None = None) -> Config:
-    """`base` at a fixed batch size with the scaling rule's Adam values (tuned at base_batch_size).
+    """`base` at a fixed batch size with the scaling rule's Adam values (tuned at base_batch_size),
+    stopped at controller.max_scaled_batch_size, as a controller would run that B.
 
     The microbatch size is the same for every batch size of an experiment and at most half the
     smallest one, so every run has >= 2 microbatches (the noise-scale estimator needs them).
     """
     lc = base.learner
     mb = max(1, min(lc.microbatch_size, (smallest_batch_size or batch_size) // 2))
-    learner = dataclasses.replace(scaled_learner(lc, base_batch_size, batch_size, scaling),
+    learner = dataclasses.replace(scaled_learner(lc, base_batch_size, batch_size, scaling,
+                                                 base.controller.max_scaled_batch_size),
                                   batch_size=batch_size, microbatch_size=mb, seed=seed)
     run = dataclasses.replace(base.run, dir=run_dir, steps=max(1, max_samples // batch_size),
                               eval_every=max(1, eval_samples // batch_size), stop_at_exact_match=stop_at,

@@ -20,6 +20,7 @@ from cadence.launch.experiments import common
 from cadence.launch.experiments.batch_invariance import run_grid
 from cadence.learner.controller import make_controller
 from cadence.learner.controller.decision import time_to_target_score
+from cadence.learner.controller.scaling import lr_shortfall, max_k
 
 QUICK = dict(batch_sizes=(16, 32, 64), seeds=(0,), max_samples=1024, eval_samples=128, target="auto",
              metric="eval/reward", window=2, dwell=4, controller_start="middle")
@@ -91,6 +92,8 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
     target = fixed_target if fixed_target is not None else common.auto_target(fixed + ctrl)
     common.add_time_to_target(fixed + ctrl, target)
     bn = common.median_or_none(r["noise_scale"] for r in fixed)
+    base_b = base.controller.base_batch_size or base.learner.batch_size
+    ceiling = max_k(base.controller.max_scaled_batch_size, base_b)
     rows, table = {}, []
     for b in p["batch_sizes"]:
         runs = [r for r in fixed if r["batch_size"] == b]
@@ -101,7 +104,8 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
         rows[b] = {"measured_wall": wall, "samples_to_target": samples, "reached": reached,
                    "seeds_reached": common.seeds_reached(runs),
                    "samples_per_second": x,
-                   "predicted": time_to_target_score(b, bn, x) if (bn and x) else None}
+                   "predicted": time_to_target_score(b, bn, x, lr_shortfall(b / base_b, "sqrt", ceiling))
+                   if (bn and x) else None}
     measured = {b: r["measured_wall"] for b, r in rows.items() if r["reached"]}
     predicted = {b: r["predicted"] for b, r in rows.items() if r["predicted"] is not None}
     best_b = min(measured, key=measured.get) if measured else None

@@ -24,7 +24,7 @@ def make_controller(cfg: ControllerConfig, learner_cfg, actors_cfg) -> Controlle
     if cfg.base_batch_size and cfg.base_batch_size != learner_cfg.batch_size:
         return holding_controller(cfg, learner_cfg, actors_cfg)
     return FixedBatchSize(learner_cfg.batch_size, actors_cfg.prompts_per_call,
-                          optimizer_hyper(learner_cfg.optimizer), cfg.scaling)
+                          optimizer_hyper(learner_cfg.optimizer), cfg.scaling, cfg.max_scaled_batch_size)
 
 
 def holding_controller(cfg: ControllerConfig, learner_cfg, actors_cfg) -> BatchSizeController:

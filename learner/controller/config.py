@@ -57,6 +57,12 @@ class ControllerConfig:
     min_ess: float = 0.5  # guard: no change of B while the mean ESS fraction is below this
     max_clip_frac: float = 0.3  # guard: no change of B while the mean clip fraction is above this
     max_staleness_lr: float = 0.0  # guard: predicted mean staleness * lr must stay <= this (0 = off)
+    # The scaling rule follows B up to this batch size (0 = no ceiling): a larger B keeps its
+    # Adam values, so it trains at less lr than the rule asks, and the rule takes its samples to
+    # target as that many times larger (decision.py). Sort-6 (tuned at 128): B = 512 on the rule's
+    # values reached the target in 2 of 3 seeds within 80k samples, on 256's in 3 of 3 at a median
+    # 41k (docs/controller.md, "Where the rule stops").
+    max_scaled_batch_size: int = 0
     scale_concurrency: bool = True  # actors' prompts per call follow B (x k on a change by k)
     max_concurrency: int = 128  # upper bound on the actors' prompts per call
     saturation_prior: float = 1.0  # c_sat / c assumed while only one concurrency has been measured
@@ -94,5 +100,7 @@ class ControllerConfig:
             raise ValueError(f"max_clip_frac: must be in [0, 1], got {self.max_clip_frac}")
         if self.max_staleness_lr < 0:
             raise ValueError(f"max_staleness_lr: must be >= 0 (0 = off), got {self.max_staleness_lr}")
+        if self.max_scaled_batch_size < 0:
+            raise ValueError(f"max_scaled_batch_size: must be >= 0 (0 = no ceiling), got {self.max_scaled_batch_size}")
         if not self.saturation_prior > 0:
             raise ValueError(f"saturation_prior: must be > 0, got {self.saturation_prior}")

@@ -26,7 +26,7 @@ from cadence.learner.controller.config import ControllerConfig
 from cadence.learner.controller.decision import candidate_batch_sizes, choose_batch_size
 from cadence.learner.controller.interface import AdamHyperparams, Decision, Observation
 from cadence.learner.controller.noise import NoiseScaleEstimator
-from cadence.learner.controller.scaling import optimizer_hyper, rescale
+from cadence.learner.controller.scaling import lr_shortfall, max_k, optimizer_hyper, rescale
 from cadence.learner.controller.throughput import (Contention, GenerationThroughput, LearnerThroughput,
                                                    pipeline_throughput)
 from cadence.learner.row_plan import nearest_multiple
@@ -64,6 +64,7 @@ class BatchSizeController:
         self.group_size = learner_cfg.group_size
         self.base_batch_size = cfg.base_batch_size or learner_cfg.batch_size
         self.base_hyper = optimizer_hyper(learner_cfg.optimizer)
+        self._max_k = max_k(cfg.max_scaled_batch_size, self.base_batch_size)  # the rule's ceiling
         self.batch_size = learner_cfg.batch_size  # in force: the last update's, or the last decision's
         self.concurrency: int | None = concurrency  # in force (the observations report it)
         self.noise = noise or NoiseScaleEstimator(cfg.noise_ema)
@@ -187,7 +188,11 @@ class BatchSizeController:
 
     def hyperparams_for(self, batch_size: int) -> dict[str, float]:
         """The scaling rule's lr, b1, b2, eps for `batch_size`, from the reference point."""
-        return rescale(self.base_hyper, batch_size / self.base_batch_size, self.cfg.scaling)
+        return rescale(self.base_hyper, batch_size / self.base_batch_size, self.cfg.scaling, self._max_k)
+
+    def lr_shortfall(self, batch_size: int) -> float:
+        """The scaling rule's lr at `batch_size` over the lr its ceiling gives (1: none, or under it)."""
+        return lr_shortfall(batch_size / self.base_batch_size, self.cfg.scaling, self._max_k)
 
     def throughput(self, batch_size: int) -> float | None:
         """Predicted pipeline samples/s at `batch_size` (actors' concurrency following B)."""
@@ -264,7 +269,7 @@ class BatchSizeController:
             cands = [c for c in cands if c == b or
                      stale * b / c * self.hyperparams_for(c)["learning_rate"] <= cfg.max_staleness_lr]
         cands = [c for c in cands if self.throughput(c) is not None]
-        best, scores = choose_batch_size(b, cands, bn, self.throughput, cfg.hysteresis)
+        best, scores = choose_batch_size(b, cands, bn, self.throughput, cfg.hysteresis, self.lr_shortfall)
         entry["scores"] = {str(k): v for k, v in scores.items()}
         if len(self.learner.batch_sizes()) == 1:
             probe = self._probe(step, b, entry, "the learner's time measured at one batch size says nothing of "
@@ -328,7 +333,8 @@ class BatchSizeController:
         cands = [c for c in scores if c != b and c not in measured and c not in self.explored]
         if not cands:
             return None
-        _, hopeful = choose_batch_size(b, cands, (bn[1], bn[0]), self.throughput, 0.0)  # the other ends
+        _, hopeful = choose_batch_size(b, cands, (bn[1], bn[0]), self.throughput, 0.0,  # the other ends
+                                       self.lr_shortfall)
         cands = [c for c in cands if hopeful[c] < 1.0]
         if not cands:
             return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from cadence.learner.controller.interface import AdamHyperparams, Decision, Observation
-from cadence.learner.controller.scaling import rescale
+from cadence.learner.controller.scaling import max_k, rescale
 from cadence.learner.row_plan import nearest_multiple
 
 
@@ -22,17 +22,19 @@ class FixedBatchSize:
     """B and the actors' concurrency as given; Adam as configured.
 
     hyperparams: {"learning_rate", "b1", "b2", "eps"} tuned at batch_size (the reference point of
-    `fit`'s rescale; None: a fit moves B only); scaling: the rule ("sqrt", "linear", "none").
+    `fit`'s rescale; None: a fit moves B only); scaling: the rule ("sqrt", "linear", "none");
+    max_scaled_batch_size: the rule stops there (0 = no ceiling).
     """
 
     def __init__(self, batch_size: int, concurrency: int, hyperparams: dict[str, float] | None = None,
-                 scaling: str = "sqrt"):
+                 scaling: str = "sqrt", max_scaled_batch_size: int = 0):
         if batch_size < 1 or concurrency < 1:
             raise ValueError(f"FixedBatchSize: batch_size and concurrency must be >= 1, got {batch_size}, "
                              f"{concurrency}")
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.base_batch_size, self.base_hyper, self.scaling = batch_size, hyperparams, scaling
+        self.max_k = max_k(max_scaled_batch_size, batch_size)
 
     def course(self) -> Decision:
         return Decision(batch_size=self.batch_size, concurrency=self.concurrency)
@@ -46,7 +48,8 @@ class FixedBatchSize:
             return None
         hyper = None
         if self.base_hyper is not None:
-            hyper = AdamHyperparams(**rescale(self.base_hyper, new / self.base_batch_size, self.scaling))
+            hyper = AdamHyperparams(**rescale(self.base_hyper, new / self.base_batch_size, self.scaling,
+                                                   self.max_k))
         self.batch_size = new
         return Decision(batch_size=new, hyperparams=hyper,
                         reason=f"refit B {b} -> {new}: {reason}; scaling {self.scaling}")

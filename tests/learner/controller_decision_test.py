@@ -120,6 +120,20 @@ def test_grows_while_throughput_gain_beats_the_sample_penalty():
     assert (gaps >= 10).all()  # dwell respected
 
 
+def test_a_scaling_ceiling_stops_growth_where_the_withheld_lr_costs_more_than_throughput_buys():
+    """The growth case above, with the rule stopped at B = 512 (k = 4 from 128): at 1024 the rule's
+    lr would be 2.83x the base, it gets 2x, and E(1024) is taken 1.41x larger; X(1024)/X(512) =
+    1.33 does not pay for that, and B stays at 512 on 512's Adam values."""
+    ctrl = make(10_000.0, memory_bound, learner_fixed_cost, max_scaled_batch_size=512)
+    sizes, changes, _ = drive(ctrl, 60)
+    assert [c[1:] for c in changes] == [(128, 256), (256, 512)] and sizes[-1] == 512
+    x = lambda b: pipeline_throughput(memory_bound(16 * b / 128), learner_fixed_cost(b), True)
+    want = (1 + 1024 / 1e4) * np.sqrt(2) / x(1024) / ((1 + 512 / 1e4) / x(512))  # NumPy reference
+    assert ctrl.decisions[-1]["scores"]["1024"] == pytest.approx(want, rel=1e-9) and want > 1.0
+    assert ctrl.hyperparams_for(1024) == ctrl.hyperparams_for(512)
+    assert time_to_target_score(1024, 1e4, 2.0, lr_shortfall=1.5) == pytest.approx(1.5 * (1 + 1024 / 1e4) / 2.0)
+
+
 def test_shrinks_when_throughput_is_flat_and_noise_scale_small():
     ctrl = make(32.0, saturated, lambda b: 1e6)
     sizes, changes, _ = drive(ctrl, 60)
@@ -354,6 +368,11 @@ def test_an_unmeasured_batch_size_predicted_faster_at_the_range_s_other_end_is_e
         return
     assert actions[1:] == [("explore", 256, 512), ("explore", 512, 1024)]  # each once, up to max_batch_size
     assert ctrl.explored == {512, 1024}
+    # with the rule stopped at 512, 1024 would train at 1/1.41 of the rule's lr: even at B_noise's
+    # hopeful end its X gain (1.16x) does not pay for that, so it is not explored
+    capped = BatchSizeController(dataclasses.replace(ctrl.cfg, max_scaled_batch_size=512), LEARNER,
+                                 generation=Curve(lambda c: 1e6), noise=RangeNoise(40.0))
+    assert [a[1:] for a in drive_timed(capped, 80, learner_time)[1]] == [("probe", 128, 256), ("explore", 256, 512)]
     reason = next(d["reason"] for d in ctrl.decisions if d["action"] == "explore")
     assert "never timed at 512" in reason and "B_noise >= 40" in reason
     restored = BatchSizeController(ctrl.cfg, LEARNER, generation=Curve(lambda c: 1e6), noise=RangeNoise(40.0))

@@ -57,6 +57,47 @@ def test_scaled_optimizer_for_fixed_batch_runs():
         rescale(BASE, 2.0, "cubic")
 
 
+def test_a_ceiling_stops_the_rule_and_says_how_much_lr_it_withholds():
+    """Past max_k the rule keeps k = max_k's values (all four); below it nothing changes; the
+    shortfall is the rule's lr over the lr given."""
+    from cadence.learner.controller.scaling import lr_shortfall, max_k
+
+    for k, scaling in ((8.0, "sqrt"), (4.0, "linear"), (2.0, "sqrt"), (0.5, "sqrt"), (16.0, "none")):
+        free, capped = rescale(BASE, k, scaling), rescale(BASE, k, scaling, max_k=2.0)
+        assert capped == rescale(BASE, min(k, 2.0), scaling)
+        rule = {"sqrt": math.sqrt(k), "linear": k, "none": 1.0}[scaling]
+        given = {"sqrt": math.sqrt(min(k, 2.0)), "linear": min(k, 2.0), "none": 1.0}[scaling]
+        assert lr_shortfall(k, scaling, 2.0) == pytest.approx(rule / given, rel=1e-12)
+        assert free["learning_rate"] == pytest.approx(capped["learning_rate"] * lr_shortfall(k, scaling, 2.0))
+        assert lr_shortfall(k, scaling, 0.0) == 1.0  # no ceiling
+    assert rescale(BASE, 4.0, "sqrt", max_k=0.5) == rescale(BASE, 1.0, "sqrt")  # never below the reference's own
+    assert max_k(256, 128) == 2.0 and max_k(0, 128) == 0.0
+    opt = scaled_optimizer(OptimizerConfig(lr=1e-3, b1=0.9, b2=0.99, eps=1e-8), 128, 512, "sqrt",
+                           max_scaled_batch_size=256)
+    assert (opt.lr, opt.b1, opt.b2, opt.eps) == pytest.approx((1e-3 * math.sqrt(2), 0.81, 0.99**2, 1e-8 / math.sqrt(2)))
+    with pytest.raises(ValueError, match="max_scaled_batch_size"):
+        ControllerConfig(max_scaled_batch_size=-1).validate()
+
+
+def test_the_controller_and_the_experiments_fixed_runs_share_the_ceiling(tmp_path):
+    """A fixed run of an experiment trains with the values a controller would give that B under
+    the ceiling, and the controller run (its reference point its start B) stops at the same B."""
+    from cadence.launch.config import load_config
+    from cadence.launch.experiments import common
+
+    base = load_config(overrides=["learner.batch_size=128", "controller.max_scaled_batch_size=256"])
+    opts = {b: common.fixed_batch_config(base, b, "sqrt", 0, base_batch_size=128, max_samples=1024,
+                                         eval_samples=512, run_dir=str(tmp_path / str(b))).learner.optimizer
+            for b in (64, 256, 512)}
+    assert opts[512] == opts[256] and opts[64].lr == pytest.approx(base.learner.optimizer.lr / math.sqrt(2))
+    start = dataclasses.replace(base.learner, batch_size=64, optimizer=opts[64])  # as the experiment's controller run
+    ctrl = BatchSizeController(dataclasses.replace(base.controller, enabled=True), start)
+    for b in (256, 512):
+        assert ctrl.hyperparams_for(b) == pytest.approx({"learning_rate": opts[b].lr, "b1": opts[b].b1,
+                                                         "b2": opts[b].b2, "eps": opts[b].eps})
+    assert ctrl.lr_shortfall(512) == pytest.approx(math.sqrt(2)) and ctrl.lr_shortfall(256) == pytest.approx(1.0)
+
+
 def test_scaled_learner_scales_the_ppo_critic_with_the_policy():
     lc = LearnerConfig(algorithm="ppo", optimizer=OptimizerConfig(lr=1e-3, b1=0.9, b2=0.99, eps=1e-8),
                        ppo=PPOConfig(critic_lr=3e-3))
