@@ -134,7 +134,10 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
     report = "\n\n".join([
         "# Decision rule",
         f"{'Quick' if quick else 'Full'} size; target {target:.4g} on held-out `{p['metric']}`; "
-        f"B_noise (median of the fixed runs' estimates) = {bn if bn is None else f'{bn:.4g}'}.",
+        f"B_noise (median of the fixed runs' estimates) = {bn if bn is None else f'{bn:.4g}'}"
+        + (f"; the scaling rule stops at B = {base.controller.max_scaled_batch_size} (`controller."
+           f"max_scaled_batch_size`): a larger B trains on its Adam values and is predicted with E(B) "
+           f"times the lr withheld." if ceiling else "."),
         common.markdown_table(["B", "samples to target", "samples/s", "wall to target (s)", "measured / best",
                                "predicted / best"], table),
         f"Best fixed B (measured) {best_b}, predicted best {predicted_best}, worst {worst_b}.",

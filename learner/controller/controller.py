@@ -310,9 +310,9 @@ class BatchSizeController:
         """Move to the neighbouring B to measure there, where the rule cannot be applied from B
         alone (cfg.probe): B/2, else (B at the floor, or one group per update) 2B. Either gives
         the learner's time a second point; the smaller B is the safe side, since the scaling
-        rule's lr falls with it: sort-6 from B = 256 probed 512, where the sqrt rule's lr (2.8x
-        the base's) stalls learning (fixed B = 512 reaches the target in 1 of 3 seeds), and the
-        damage outlasted the probe (docs/controller.md). A probe is a measurement; only the rule's
+        rule's lr falls with it: sort-6 from B = 256 probed 512, where the sqrt rule's Adam values
+        (tuned at 128) stall learning (fixed B = 512 reaches the target in 1-2 of 3 seeds), and
+        the damage outlasted the probe (docs/controller.md). A probe is a measurement; only the rule's
         predicted gain moves B up. None when there is no neighbour."""
         cands = [c for c in candidate_batch_sizes(b, self.cfg.min_batch_size, self.cfg.max_batch_size,
                                                   self.multiple) if c != b]
