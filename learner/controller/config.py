@@ -61,7 +61,7 @@ class ControllerConfig:
     # Adam values, so it trains at less lr than the rule asks, and the rule takes its samples to
     # target as that many times larger (decision.py). Sort-6 (tuned at 128): B = 512 on the rule's
     # values reached the target in 2 of 3 seeds within 80k samples, on 256's in 3 of 3 at a median
-    # 41k (docs/controller.md, "Where the rule stops").
+    # 40.0k (docs/controller.md, "Where the rule stops").
     max_scaled_batch_size: int = 0
     scale_concurrency: bool = True  # actors' prompts per call follow B (x k on a change by k)
     max_concurrency: int = 128  # upper bound on the actors' prompts per call

@@ -9,7 +9,7 @@ Past the scaling rule's ceiling (controller.max_scaled_batch_size) a batch train
 the rule asks, by a factor s (scaling.lr_shortfall), and E(B) is taken s times larger: in the
 regime the square-root rule rests on (gradient noise fills Adam's second moment) the update's
 drift per sample shrinks as the lr does, while its noise shrinks faster, so the drift is what is
-lost. (Sort-6, 512 on 256's values: s = 1.41 predicts 1.79x 256's samples, measured 1.44x.)
+lost. (Sort-6, 512 on 256's values: s = 1.41 predicts 1.66-1.79x 256's samples, measured 1.41x.)
 """
 from __future__ import annotations
 

@@ -48,8 +48,7 @@ class FixedBatchSize:
             return None
         hyper = None
         if self.base_hyper is not None:
-            hyper = AdamHyperparams(**rescale(self.base_hyper, new / self.base_batch_size, self.scaling,
-                                                   self.max_k))
+            hyper = AdamHyperparams(**rescale(self.base_hyper, new / self.base_batch_size, self.scaling, self.max_k))
         self.batch_size = new
         return Decision(batch_size=new, hyperparams=hyper,
                         reason=f"refit B {b} -> {new}: {reason}; scaling {self.scaling}")

@@ -12,7 +12,7 @@ the rule there: a larger batch keeps the values of k = max_k (never below the re
 Past it a batch gets less lr than the rule asks, and `lr_shortfall` says by how much (the
 decision rule's E(B) pays for it: decision.py). Sort-6 at B = 512 (k = 4): the rule's values
 reached the target in 2 of 3 seeds within 80k samples, 256's lr with 512's betas in 3 of 3 at a
-median 69.6k, all of 256's values in 3 of 3 at 41.0k (256 itself: 28.4k; docs/controller.md).
+median 68.8k, all of 256's values in 3 of 3 at 40.0k (256 itself: 28.4k; docs/controller.md).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import dataclasses
 import math
 
 from cadence.learner.config import LearnerConfig, OptimizerConfig
+from cadence.learner.controller.config import SCALINGS
 
 HYPERPARAMS = ("learning_rate", "b1", "b2", "eps")
-SCALINGS = ("sqrt", "linear", "none")
 
 
 def rescale(hyper: dict[str, float], k: float, scaling: str, max_k: float = 0.0) -> dict[str, float]:
@@ -40,7 +40,7 @@ def rescale(hyper: dict[str, float], k: float, scaling: str, max_k: float = 0.0)
     if not k > 0:
         raise ValueError(f"k: must be > 0, got {k}")
     if scaling not in SCALINGS:
-        raise ValueError(f"scaling: must be one of 'sqrt', 'linear', 'none', got {scaling!r}")
+        raise ValueError(f"scaling: must be one of {SCALINGS}, got {scaling!r}")
     k = _capped(k, max_k)
     lr, b1, b2, eps = (float(hyper[n]) for n in HYPERPARAMS)
     if scaling == "sqrt":
