@@ -267,8 +267,11 @@ def observation(step: int, metrics: dict, generation: Generation | None = None) 
                               unit_share=tuple(m["unit_share"]) if units else (),
                               unit_samples=tuple(int(n) for n in m["unit_samples"]) if units else (),
                               unit_batch_grad_norm_sq=m.get("unit_batch_grad_norm_sq"))
+    computed = None
+    if m.get("skipped_microbatches") is not None and m.get("num_microbatches"):
+        computed = 1.0 - float(m["skipped_microbatches"]) / float(m["num_microbatches"])
     return Observation(step=step, batch_size=int(m["batch_size"]), train_seconds=m.get("learner/train_seconds"),
-                       tokens=float(m.get("tokens", 0)), gradients=grads, ess=m.get("ess"),
+                       tokens=float(m.get("tokens", 0)), computed_fraction=computed, gradients=grads, ess=m.get("ess"),
                        clip_frac=m.get("clip_frac"), staleness_mean=m.get("staleness/mean"),
                        staleness_max=m.get("staleness/max"), learning_rate=m.get("learning_rate"),
                        generation=generation)

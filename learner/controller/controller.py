@@ -149,7 +149,8 @@ class BatchSizeController:
         if warm and obs.gradients is not None:
             self.noise.update_from_gradients(obs.gradients, b)
         if warm and obs.train_seconds:
-            self.learner.observe(b, float(obs.train_seconds))
+            self.learner.observe(b, float(obs.train_seconds),
+                                 1.0 if obs.computed_fraction is None else float(obs.computed_fraction))
         self._observe_generation(warm, obs)
         self._metrics["controller/contention"] = self.contention.value
         # keys as checkpoints hold them
@@ -223,6 +224,9 @@ class BatchSizeController:
                  "ess": ess, "clip_frac": clip,
                  "staleness_mean": stale, "concurrency": self.concurrency, "contention": self.contention.value,
                  "learner_cost": self.learner.cost(), "generation_curve": self.generation.curve()}
+        computed = getattr(self.learner, "computed_fraction", 1.0)
+        if computed != 1.0:  # learner.skip_zero_advantage: learner_cost is per computed sample
+            entry["computed_fraction"] = computed
         decision = self._rule(step, b, bn, ess, clip, stale, entry)
         entry.update(action=entry.get("action", "hold"), reason=decision.reason,
                      new_batch_size=decision.batch_size or b, new_concurrency=decision.concurrency)

@@ -93,6 +93,8 @@ class Observation:
     batch_size: int  # samples the update trained on
     train_seconds: float | None = None  # host time of the update (microbatches built, step run)
     tokens: float = 0.0  # loss (completion) tokens of the batch
+    computed_fraction: float | None = None  # of the batch's microbatches, the share given a gradient pass
+    # (learner.skip_zero_advantage skips those whose groups have equal rewards); None: all
     gradients: GradientNorms | None = None
     ess: float | None = None  # effective sample size fraction of the importance weights
     clip_frac: float | None = None  # fraction of tokens whose ratio was clipped

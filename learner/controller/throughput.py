@@ -18,12 +18,13 @@ import numpy as np
 class _PointEMA:
     """EMA of y per distinct x."""
 
-    def __init__(self, decay: float):
+    def __init__(self, decay: float, allow_zero: bool = False):
         self.decay = decay
+        self.allow_zero = allow_zero  # a rate or a time must be > 0; a fraction may be 0
         self.points: dict[int, list[float]] = {}  # x -> [ema of y, weight, count]
 
     def add(self, x: int, y: float) -> None:
-        if not (math.isfinite(y) and y > 0):
+        if not (math.isfinite(y) and (y > 0 or (self.allow_zero and y == 0))):
             return
         p = self.points.setdefault(int(x), [0.0, 0.0, 0])
         p[0] = self.decay * p[0] + (1 - self.decay) * y
@@ -96,34 +97,62 @@ class GenerationThroughput:
 
 
 class LearnerThroughput:
-    """Samples/s of the learner at batch size B: t_step = t_fix + B t_sample.
+    """Samples/s of the learner at batch size B: t_step = t_fix + f B t_sample.
 
-    With one measured B the fixed cost cannot be separated: t_fix = 0 (X_train flat in B).
+    f is the fraction of the batch the learner ran gradient passes on: 1, except where
+    learner.skip_zero_advantage skips the microbatches whose groups have equal rewards, and then
+    it follows the reward's sparsity, not B (SmolLM2's word problems: most groups flat at the
+    start, fewer as the policy learns). Each B's time is fitted against the samples computed there
+    (B f at that B), and predicted at the fraction of the recent updates: otherwise a B measured
+    early, when most of its groups were skipped, reads as cheap per sample against one measured
+    later. With one measured B the fixed cost cannot be separated: t_fix = 0 (X_train flat in B).
     """
 
     def __init__(self, decay: float = 0.8):
         self.ema = _PointEMA(decay)
+        self.fraction_ema = _PointEMA(decay, allow_zero=True)  # per B: f while measured there
+        self._fraction = [0.0, 0.0]  # f of the recent updates, any B: [EMA sum, weight]
 
-    def observe(self, batch_size: int, step_seconds: float) -> None:
-        """One update of `batch_size` samples took `step_seconds` of learner time."""
+    def observe(self, batch_size: int, step_seconds: float, computed_fraction: float = 1.0) -> None:
+        """One update of `batch_size` samples took `step_seconds` of learner time, with gradient
+        passes on `computed_fraction` of the batch."""
+        if not (math.isfinite(step_seconds) and step_seconds > 0 and 0.0 <= computed_fraction <= 1.0):
+            return
         self.ema.add(batch_size, step_seconds)
+        self.fraction_ema.add(batch_size, computed_fraction)
+        d = self.ema.decay
+        self._fraction = [d * self._fraction[0] + (1 - d) * computed_fraction, d * self._fraction[1] + (1 - d)]
+
+    @property
+    def computed_fraction(self) -> float:
+        """The recent updates' computed fraction f (1 before any measurement)."""
+        s, w = self._fraction
+        return s / w if w > 0 else 1.0
 
     def batch_sizes(self) -> list[int]:
         """The batch sizes measured so far."""
         return sorted(self.ema.points)
 
     def cost(self) -> tuple[float, float] | None:
-        """(t_fix seconds, t_sample seconds per sample), or None before any measurement."""
+        """(t_fix seconds, t_sample seconds per computed sample), or None before any measurement
+        (or while every update measured skipped its whole batch)."""
         bs, ts = self.ema.means()
         if len(bs) == 0:
             return None
-        if len(bs) == 1:
-            return 0.0, float(ts[0] / bs[0])
-        slope, intercept = np.polyfit(bs, ts, 1)
+        fb, fs = self.fraction_ema.means()
+        frac = dict(zip(fb.tolist(), fs.tolist()))
+        ns = np.array([b * frac.get(b, 1.0) for b in bs.tolist()], np.float64)  # samples computed
+        some = ns > 0
+        if not some.any():  # every update skipped whole: the per-sample cost is unmeasured
+            return None
+        per_sample = float(np.mean(ts[some] / ns[some]))
+        if len(bs) == 1 or np.ptp(ns) <= 0:
+            return 0.0, per_sample
+        slope, intercept = np.polyfit(ns, ts, 1)
         if slope <= 0:  # noise swamped the per-sample cost: treat as per-sample only
-            return 0.0, float(np.mean(ts / bs))
+            return 0.0, per_sample
         if intercept < 0:  # no negative fixed cost: refit through the origin
-            return 0.0, float(np.sum(bs * ts) / np.sum(bs * bs))
+            return 0.0, float(np.sum(ns * ts) / np.sum(ns * ns))
         return float(intercept), float(slope)
 
     def predict(self, batch_size: float) -> float | None:
@@ -132,13 +161,18 @@ class LearnerThroughput:
         if c is None:
             return None
         t_fix, t_sample = c
-        return batch_size / (t_fix + batch_size * t_sample)
+        t = t_fix + batch_size * self.computed_fraction * t_sample
+        return batch_size / t if t > 0 else None
 
     def state_dict(self) -> dict:
-        return {"ema": self.ema.state_dict()}
+        return {"ema": self.ema.state_dict(), "fraction_ema": self.fraction_ema.state_dict(),
+                "fraction": list(self._fraction)}
 
     def load_state_dict(self, state: dict) -> None:
         self.ema.load_state_dict(state["ema"])
+        if "fraction_ema" in state:  # checkpoints before it: every update computed whole (f = 1)
+            self.fraction_ema.load_state_dict(state["fraction_ema"])
+            self._fraction = [float(x) for x in state["fraction"]]
 
 
 def pipeline_throughput(x_gen: float, x_train: float, asynchronous: bool, contention: float = 0.0) -> float:

@@ -225,6 +225,55 @@ def test_fitted_models_recover_hand_made_curves():
     assert pipeline_throughput(100.0, 100.0, False) == pytest.approx(50.0)
 
 
+def test_the_learner_cost_is_per_computed_sample_when_flat_groups_are_skipped():
+    """learner.skip_zero_advantage: an update's time follows the share of its batch given a
+    gradient pass (f), which follows the reward, not B. B = 16 timed early (f = 0.25) and B = 32
+    later (f = 0.5), t = 0.5 s + 10 ms per computed sample: the fit on computed samples recovers
+    the hand-made cost, and X(B) is predicted at the recent updates' f."""
+    t_fix, t_sample = 0.5, 0.01
+    learn, blind = LearnerThroughput(decay=0.8), LearnerThroughput(decay=0.8)
+    fractions = [0.25] * 6 + [0.5] * 6
+    for i, f in enumerate(fractions):
+        b = 16 if i < 6 else 32
+        learn.observe(b, t_fix + t_sample * b * f, computed_fraction=f)
+        blind.observe(b, t_fix + t_sample * b * f)  # as if every update computed its whole batch
+    assert learn.cost() == pytest.approx((t_fix, t_sample))
+    # the recent updates' f: an EMA (decay 0.8) over all updates, bias-corrected
+    w = 0.8 ** np.arange(len(fractions))[::-1]
+    f_now = float(np.sum(w * fractions) / np.sum(w))
+    assert learn.computed_fraction == pytest.approx(f_now)
+    assert learn.predict(64) == pytest.approx(64 / (t_fix + 64 * f_now * t_sample))
+    # blind to f, the two points read as a smaller per-sample cost and a fixed cost near 0.42 s
+    slope, intercept = np.polyfit([16, 32], [t_fix + t_sample * 4, t_fix + t_sample * 16], 1)
+    assert blind.cost() == pytest.approx((intercept, slope)) and slope == pytest.approx(0.0075)
+    # nothing computed yet (every group flat): the per-sample cost is unmeasured, not zero
+    flat = LearnerThroughput()
+    flat.observe(16, 0.4, computed_fraction=0.0)
+    assert flat.cost() is None and flat.predict(16) is None
+    flat.observe(16, 0.9, computed_fraction=0.5)
+    assert flat.cost()[1] > 0
+    # a checkpoint from before the fraction was kept restores with f = 1
+    old = LearnerThroughput()
+    old.load_state_dict({"ema": learn.state_dict()["ema"]})
+    assert old.computed_fraction == 1.0 and old.cost() == pytest.approx(blind.cost())
+    again = LearnerThroughput()
+    again.load_state_dict(learn.state_dict())
+    assert again.cost() == learn.cost() and again.predict(64) == learn.predict(64)
+
+
+def test_the_controller_takes_the_computed_fraction_from_the_learner_s_metrics():
+    from cadence.learner.loop import observation
+
+    m = {"batch_size": 32, "learner/train_seconds": 2.0, "skipped_microbatches": 3, "num_microbatches": 12}
+    assert observation(5, m).computed_fraction == pytest.approx(0.75)
+    assert observation(5, {"batch_size": 32}).computed_fraction is None  # nothing skipped: all computed
+    ctrl = BatchSizeController(ControllerConfig(enabled=True, warmup_steps=0), LEARNER)
+    for step in range(1, 4):
+        ctrl.update(observation(step, m))
+    assert ctrl.learner.computed_fraction == pytest.approx(0.75)
+    assert ctrl.learner.cost() == pytest.approx((0.0, 2.0 / (32 * 0.75)))
+
+
 def test_contention_weighs_the_faster_side_between_overlap_and_alternation():
     assert pipeline_throughput(100.0, 50.0, True, contention=0.0) == 50.0  # overlapped: the slower side
     assert pipeline_throughput(100.0, 50.0, True, contention=1.0) == pytest.approx(1 / (1 / 100 + 1 / 50))
