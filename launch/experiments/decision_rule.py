@@ -47,7 +47,7 @@ def controller_runs(base: Config, out: str, p: dict, stop_at: float = 0.0, log=p
             controller=dataclasses.replace(cfg.controller, enabled=True, window=p["window"], dwell=p["dwell"],
                                            min_batch_size=bs[0], max_batch_size=bs[-1], scaling="sqrt",
                                            base_batch_size=0))
-        ctrl = make_controller(cfg.controller, cfg.learner, cfg.actors)
+        ctrl = run_controller(base, cfg, base_b)
         decisions_path = os.path.join(run_dir, "controller_decisions.json")
         if os.path.exists(run_dir) and not os.path.isfile(decisions_path):
             shutil.rmtree(run_dir)  # unfinished (its decisions were never written): redone whole
@@ -63,6 +63,18 @@ def controller_runs(base: Config, out: str, p: dict, stop_at: float = 0.0, log=p
         log(f"  controller seed {seed}: B path {_path(rec['batch_sizes'])}")
         records.append(rec)
     return records
+
+
+def run_controller(base: Config, cfg: Config, base_b: int):
+    """The controller of a controller run (cfg: its config at the start B, from fixed_batch_config).
+    Its reference point is its start and the values it trains with there; a start past the
+    scaling rule's ceiling has values off the rule's curve (capped), so that controller rescales
+    from the experiment's own reference point instead (base_b and the base config's values)."""
+    ceiling = base.controller.max_scaled_batch_size
+    if ceiling and cfg.learner.batch_size > ceiling:
+        return make_controller(dataclasses.replace(cfg.controller, base_batch_size=base_b),
+                               dataclasses.replace(cfg.learner, optimizer=base.learner.optimizer), cfg.actors)
+    return make_controller(cfg.controller, cfg.learner, cfg.actors)
 
 
 def controller_start(p: dict) -> int:

@@ -96,6 +96,18 @@ def test_the_controller_and_the_experiments_fixed_runs_share_the_ceiling(tmp_pat
         assert ctrl.hyperparams_for(b) == pytest.approx({"learning_rate": opts[b].lr, "b1": opts[b].b1,
                                                          "b2": opts[b].b2, "eps": opts[b].eps})
     assert ctrl.lr_shortfall(512) == pytest.approx(math.sqrt(2)) and ctrl.lr_shortfall(256) == pytest.approx(1.0)
+    # a controller run started past the ceiling (512: capped values, off the rule's curve) rescales
+    # from the experiment's reference point, so a shrink gets the fixed runs' values too
+    from cadence.launch.experiments.decision_rule import run_controller
+
+    cfg512 = common.fixed_batch_config(base, 512, "sqrt", 0, base_batch_size=128, max_samples=1024,
+                                       eval_samples=512, run_dir=str(tmp_path / "c"))
+    cfg512 = dataclasses.replace(cfg512, controller=dataclasses.replace(
+        cfg512.controller, enabled=True, min_batch_size=64, max_batch_size=512, base_batch_size=0))
+    high = run_controller(base, cfg512, 128)
+    for b in (64, 256, 512):
+        assert high.hyperparams_for(b) == pytest.approx({"learning_rate": opts[b].lr, "b1": opts[b].b1,
+                                                         "b2": opts[b].b2, "eps": opts[b].eps})
 
 
 def test_scaled_learner_scales_the_ppo_critic_with_the_policy():
