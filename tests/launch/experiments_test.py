@@ -296,3 +296,9 @@ def test_the_smollm2_decision_rule_config_loads(tmp_path, monkeypatch):
     cfg = load_config([os.path.join(ROOT, "benchmarks", "configs", "smollm2_decision_rule.yaml")])
     assert cfg.model.path == str(tmp_path / ".cache" / "cadence" / "smollm2-135m-instruct")
     assert (cfg.task.name, cfg.task.max_ops, cfg.learner.batch_size // cfg.learner.group_size) == ("word_problems", 1, 4)
+    # the synchronous setting layers on it (docs/results/smollm2_decision_rule_sync.md)
+    sync = load_config([os.path.join(ROOT, "benchmarks", "configs", name)
+                        for name in ("smollm2_decision_rule.yaml", "smollm2_decision_rule_sync.yaml")])
+    assert (sync.actors.max_staleness, sync.learner.skip_zero_advantage, sync.learner.share_prompts,
+            sync.task.heldout_size) == (0, True, True, 256)
+    assert sync.learner.batch_size == cfg.learner.batch_size and sync.learner.optimizer == cfg.learner.optimizer
