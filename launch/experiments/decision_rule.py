@@ -132,15 +132,19 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
         bound = "" if r["reached"] else ">= "
         table.append([b, f"{bound}{r['samples_to_target']:.4g} ({r['seeds_reached']})", r["samples_per_second"],
                       f"{bound}{r['measured_wall']:.4g}", None if rel_m is None else f"{bound}{rel_m:.4g}", rel_p])
-    vs_best = ctrl_wall / measured[best_b] if (ctrl_reached and best_b) else None
-    vs_worst = walls[worst_b] / ctrl_wall if (ctrl_reached and worst_b) else None
+    # a controller that did not reach the target: its wall is a lower bound, so its ratio to the
+    # best is one too, and the worst's ratio to it an upper bound (unknown if the worst missed too)
+    vs_best = ctrl_wall / measured[best_b] if (ctrl_wall and best_b) else None
     worst_is_bound = worst_b is not None and not rows[worst_b]["reached"]
+    vs_worst = (walls[worst_b] / ctrl_wall if (ctrl_wall and worst_b and (ctrl_reached or not worst_is_bound))
+                else None)
     predicted_best = min(predicted, key=predicted.get) if predicted else None
     results = {"experiment": "decision-rule", "quick": quick, "params": p, "target": target, "noise_scale": bn,
                "fixed": {str(b): r for b, r in rows.items()}, "best_fixed": best_b, "worst_fixed": worst_b,
                "predicted_best": predicted_best, "controller_wall_to_target": ctrl_wall,
                "controller_vs_best": vs_best, "worst_vs_controller": vs_worst,
-               "worst_vs_controller_is_lower_bound": worst_is_bound, "runs": fixed + ctrl}
+               "worst_vs_controller_is_lower_bound": worst_is_bound and ctrl_reached,
+               "controller_reached": ctrl_reached, "runs": fixed + ctrl}
     common.write_json(os.path.join(out, "results.json"), results)
     _plot(rows, ctrl, fixed, os.path.join(out, "decision_rule.png"), noise_scale=bn)
     report = "\n\n".join([
@@ -155,8 +159,9 @@ def run(base: Config, out: str, quick: bool, log=print, **opts) -> dict:
         f"Best fixed B (measured) {best_b}, predicted best {predicted_best}, worst {worst_b}.",
         f"Controller (start B={controller_start(p)}): wall to target "
         f"{ctrl_wall if ctrl_wall is None else ('' if ctrl_reached else '>= ') + f'{ctrl_wall:.1f} s'}; vs best fixed "
-        f"{vs_best if vs_best is None else f'{vs_best:.2f}x'} (acceptance <= 1.15x); worst fixed / controller "
-        f"{vs_worst if vs_worst is None else ('>= ' if worst_is_bound else '') + f'{vs_worst:.2f}x'} "
+        f"{vs_best if vs_best is None else ('' if ctrl_reached else '>= ') + f'{vs_best:.2f}x'} (acceptance <= 1.15x); "
+        f"worst fixed / controller "
+        f"{vs_worst if vs_worst is None else ('<= ' if not ctrl_reached else '>= ' if worst_is_bound else '') + f'{vs_worst:.2f}x'} "
         f"(acceptance >= 1.3x{'; the worst B did not reach the target, so its wall is a lower bound' if worst_is_bound else ''}). "
         f"B paths: {'; '.join(_path(r['batch_sizes']) for r in ctrl)}.",
         "![decision rule](decision_rule.png)",
