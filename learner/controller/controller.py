@@ -224,9 +224,8 @@ class BatchSizeController:
                  "ess": ess, "clip_frac": clip,
                  "staleness_mean": stale, "concurrency": self.concurrency, "contention": self.contention.value,
                  "learner_cost": self.learner.cost(), "generation_curve": self.generation.curve()}
-        computed = getattr(self.learner, "computed_fraction", 1.0)
-        if computed != 1.0:  # learner.skip_zero_advantage: learner_cost is per computed sample
-            entry["computed_fraction"] = computed
+        if self.learner.computed_fraction != 1.0:  # learner.skip_zero_advantage: learner_cost is per computed sample
+            entry["computed_fraction"] = self.learner.computed_fraction
         decision = self._rule(step, b, bn, ess, clip, stale, entry)
         entry.update(action=entry.get("action", "hold"), reason=decision.reason,
                      new_batch_size=decision.batch_size or b, new_concurrency=decision.concurrency)

@@ -15,6 +15,28 @@ import math
 import numpy as np
 
 
+class _EMA:
+    """A bias-corrected EMA of one value (None until the first)."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.sum, self.weight = 0.0, 0.0
+
+    def add(self, y: float) -> None:
+        self.sum = self.decay * self.sum + (1 - self.decay) * y
+        self.weight = self.decay * self.weight + (1 - self.decay)
+
+    @property
+    def value(self) -> float | None:
+        return self.sum / self.weight if self.weight > 0 else None
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "sum": self.sum, "weight": self.weight}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.decay, self.sum, self.weight = float(state["decay"]), float(state["sum"]), float(state["weight"])
+
+
 class _PointEMA:
     """EMA of y per distinct x."""
 
@@ -111,7 +133,7 @@ class LearnerThroughput:
     def __init__(self, decay: float = 0.8):
         self.ema = _PointEMA(decay)
         self.fraction_ema = _PointEMA(decay, allow_zero=True)  # per B: f while measured there
-        self._fraction = [0.0, 0.0]  # f of the recent updates, any B: [EMA sum, weight]
+        self.recent_fraction = _EMA(decay)  # f of the recent updates, any B
 
     def observe(self, batch_size: int, step_seconds: float, computed_fraction: float = 1.0) -> None:
         """One update of `batch_size` samples took `step_seconds` of learner time, with gradient
@@ -120,14 +142,13 @@ class LearnerThroughput:
             return
         self.ema.add(batch_size, step_seconds)
         self.fraction_ema.add(batch_size, computed_fraction)
-        d = self.ema.decay
-        self._fraction = [d * self._fraction[0] + (1 - d) * computed_fraction, d * self._fraction[1] + (1 - d)]
+        self.recent_fraction.add(computed_fraction)
 
     @property
     def computed_fraction(self) -> float:
         """The recent updates' computed fraction f (1 before any measurement)."""
-        s, w = self._fraction
-        return s / w if w > 0 else 1.0
+        f = self.recent_fraction.value
+        return 1.0 if f is None else f
 
     def batch_sizes(self) -> list[int]:
         """The batch sizes measured so far."""
@@ -166,13 +187,13 @@ class LearnerThroughput:
 
     def state_dict(self) -> dict:
         return {"ema": self.ema.state_dict(), "fraction_ema": self.fraction_ema.state_dict(),
-                "fraction": list(self._fraction)}
+                "recent_fraction": self.recent_fraction.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.ema.load_state_dict(state["ema"])
         if "fraction_ema" in state:  # checkpoints before it: every update computed whole (f = 1)
             self.fraction_ema.load_state_dict(state["fraction_ema"])
-            self._fraction = [float(x) for x in state["fraction"]]
+            self.recent_fraction.load_state_dict(state["recent_fraction"])
 
 
 def pipeline_throughput(x_gen: float, x_train: float, asynchronous: bool, contention: float = 0.0) -> float:
@@ -196,23 +217,20 @@ class Contention:
     then assumes overlap (0)."""
 
     def __init__(self, decay: float = 0.8):
-        self.decay = decay
-        self._sum, self._weight = 0.0, 0.0  # bias-corrected EMA, as _PointEMA's
+        self._ema = _EMA(decay)
 
     def observe(self, wall_seconds: float, generation_seconds: float, train_seconds: float) -> None:
         short, long = sorted((generation_seconds, train_seconds))
         if not (short > 0 and wall_seconds > 0 and math.isfinite(wall_seconds)):
             return
-        k = min(max((wall_seconds - long) / short, 0.0), 1.0)
-        self._sum = self.decay * self._sum + (1 - self.decay) * k
-        self._weight = self.decay * self._weight + (1 - self.decay)
+        self._ema.add(min(max((wall_seconds - long) / short, 0.0), 1.0))
 
     @property
     def value(self) -> float | None:
-        return self._sum / self._weight if self._weight > 0 else None
+        return self._ema.value
 
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "sum": self._sum, "weight": self._weight}
+        return self._ema.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.decay, self._sum, self._weight = float(state["decay"]), float(state["sum"]), float(state["weight"])
+        self._ema.load_state_dict(state)

@@ -17,6 +17,8 @@ class Curve:
     """A fixed throughput curve (samples/s) standing in for a fitted model (a constructor argument
     of BatchSizeController; tests/learner/controller_interface_test.py uses it too)."""
 
+    computed_fraction = 1.0  # as LearnerThroughput's: the whole batch computed
+
     def __init__(self, fn):
         self.fn = fn
 
